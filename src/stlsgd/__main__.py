@@ -1,0 +1,5 @@
+import sys
+
+from stlsgd.cli import main
+
+sys.exit(main())

@@ -1,0 +1,147 @@
+"""Command line: ``stlsgd run | demo | sweep | report | data``.
+
+User mistakes (bad config, bad data, missing files) print one line ``stlsgd: error: ...`` and exit with
+status 2; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from stlsgd.errors import StlsgdError
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from stlsgd.experiments.config import load_config
+    from stlsgd.experiments.runner import run_experiment
+
+    exp = load_config(args.config, args.set)
+    out = Path(args.out) if args.out else Path("runs") / exp.name
+    options = dict(data_dir=args.data_dir, overwrite=args.overwrite, progress=not args.quiet,
+                   checkpoint_every=args.checkpoint_every, resume=args.resume)
+    if args.backend == "dist":
+        from stlsgd.executors.distributed import run_distributed
+
+        summary = run_distributed(exp, out, comm_backend=args.comm_backend, **options)
+        if summary is None:  # ranks other than 0 write and print nothing
+            return 0
+    else:
+        summary = run_experiment(exp, out, **options)
+    _print_summary(summary, out)
+    return 0
+
+
+def _print_summary(summary: dict, out: Path) -> None:
+    status = summary["status"]
+    if status == "reached":
+        print(f"{summary['name']}: reached the target in {summary['rounds_to_target']} rounds "
+              f"({summary['iterations_to_target']} iterations, {summary['wall_s']:.1f} s)")
+    else:
+        print(f"{summary['name']}: {status} after {summary['rounds']} rounds "
+              f"({summary['iterations']} iterations, {summary['wall_s']:.1f} s)")
+    print(f"results in {out}/ (config.yaml, metrics.jsonl, summary.json)")
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from stlsgd.experiments.demo import demo
+
+    demo(Path(args.out), progress=not args.quiet)
+    return 0
+
+
+def _cmd_data_fetch(args: argparse.Namespace) -> int:
+    from stlsgd.data import fetch, resolve_data_dir
+
+    directory = resolve_data_dir(args.data_dir)
+    for name in args.names:
+        for path in fetch(name, directory):
+            print(path)
+    return 0
+
+
+def _cmd_data_list(args: argparse.Namespace) -> int:
+    from stlsgd.data import registry
+
+    for name in registry.names():
+        print(name)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stlsgd", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run one experiment config")
+    p.add_argument("config", help="experiment config (.toml or .yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field, e.g. algorithm.lr=3.2")
+    p.add_argument("--out", help="output directory (default runs/NAME)")
+    p.add_argument("--data-dir", help="data directory (default $STLSGD_DATA or the user cache)")
+    p.add_argument("--overwrite", action="store_true", help="replace a different run already in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="R",
+                   help="write an atomic checkpoint every R rounds")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--backend", choices=("sim", "dist"), default="sim",
+                   help="sim: vectorised simulator (default); dist: torch.distributed, launched by torchrun")
+    p.add_argument("--comm-backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="torch.distributed backend for --backend dist (auto: nccl on GPU, else gloo)")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("demo", help="SyncSGD vs Local SGD vs STL-SGD^sc on the embedded digits (4 vs 9)")
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("data", help="datasets")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    f = data_sub.add_parser("fetch", help="download datasets from their official sources and check sha256")
+    f.add_argument("names", nargs="+")
+    f.add_argument("--data-dir")
+    f.set_defaults(func=_cmd_data_fetch)
+    f = data_sub.add_parser("list", help="known dataset names")
+    f.set_defaults(func=_cmd_data_list)
+
+    for register in _EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+# Subcommands that live with their own modules (sweep, report, ...) register themselves here.
+_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
+
+
+def _load_extra_commands() -> None:
+    import importlib
+
+    for module in ("stlsgd.experiments.sweep", "stlsgd.experiments.report"):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        _EXTRA_COMMANDS.append(mod.register)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _load_extra_commands()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except StlsgdError as exc:
+        if args.debug:
+            raise
+        print(f"stlsgd: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("stlsgd: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

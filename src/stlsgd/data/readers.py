@@ -1,0 +1,334 @@
+"""Readers for the on-disk formats: LIBSVM/svmlight text, idx (MNIST), CIFAR-10 pickles and PNGs."""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import gzip
+import io
+import pickle
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from stlsgd.data.dataset import Dataset
+from stlsgd.errors import DataError
+
+CIFAR10_CLASSES: tuple[str, ...] = (
+    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+)
+
+# Errors a damaged compressed stream raises; each becomes one DataError line.
+_GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
+
+
+def _not_found(path: Path) -> DataError:
+    return DataError(f"{path}: not found")
+
+
+def _corrupt(path: Path, err: BaseException) -> DataError:
+    return DataError(f"{path}: corrupt or truncated gzip file ({type(err).__name__}: {err})")
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    # Same suffix rule as sklearn's load_svmlight_file, so the scanner reads what sklearn read.
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
+    if path.suffix == ".bz2":
+        return io.TextIOWrapper(bz2.open(path, "rb"), encoding="utf-8", errors="replace")
+    return open(path, encoding="utf-8", errors="replace")
+
+
+def _read_bytes(path: Path) -> bytes:
+    """Whole file, gunzipped when it starts with the gzip magic (suffixes lie more often than magics)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise _not_found(path) from None
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err.strerror or err})") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            return gzip.decompress(raw)
+        except _GZIP_ERRORS as err:
+            raise _corrupt(path, err) from None
+    return raw
+
+
+# --------------------------------------------------------------------------- svmlight
+
+
+def _scan_svmlight(path: Path, n_features: int | None) -> Iterator[tuple[int, str]]:
+    """Yield (line number, problem) for each bad line; only run after sklearn's fast reader failed."""
+    with _open_text(path) as fh:
+        for lineno, line in enumerate(fh, start=1):
+            body = line.split("#", 1)[0].split()
+            if not body:
+                continue
+            try:
+                float(body[0])
+            except ValueError:
+                yield lineno, f"bad label {body[0]!r}"
+                continue
+            last = 0
+            for tok in body[1:]:
+                key, sep, val = tok.partition(":")
+                if not sep:
+                    yield lineno, f"token {tok!r} is not index:value"
+                    break
+                if key == "qid":
+                    continue
+                try:
+                    idx = int(key)
+                    float(val)
+                except ValueError:
+                    yield lineno, f"token {tok!r} is not index:value"
+                    break
+                if idx < 1:
+                    yield lineno, f"feature index {idx} < 1 (LIBSVM indices start at 1)"
+                    break
+                if idx <= last:
+                    yield lineno, f"feature indices not increasing ({last} then {idx})"
+                    break
+                if n_features is not None and idx > n_features:
+                    yield lineno, f"feature index {idx} exceeds n_features={n_features}"
+                    break
+                last = idx
+
+
+def read_svmlight(path: str | Path, n_features: int | None = None, *, name: str | None = None) -> Dataset:
+    """Read a two-class LIBSVM/svmlight file (plain, .gz or .bz2); labels become -1/+1 (larger -> +1)."""
+    from sklearn.datasets import load_svmlight_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise _not_found(path)
+    try:
+        # zero_based=False: LIBSVM indices start at 1, and "auto" would silently shift a file with no column 1.
+        X, y = load_svmlight_file(str(path), n_features=n_features, dtype=np.float64, zero_based=False)
+    except _GZIP_ERRORS as err:
+        raise _corrupt(path, err) from None
+    except ValueError as err:
+        try:
+            for lineno, problem in _scan_svmlight(path, n_features):
+                if "exceeds n_features" in problem:
+                    raise DataError(f"{path}:{lineno}: {problem}") from None
+                raise DataError(f"{path}:{lineno}: malformed svmlight line: {problem}") from None
+        except _GZIP_ERRORS as gz_err:
+            raise _corrupt(path, gz_err) from None
+        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(f"{path}: malformed svmlight file ({msg})") from None
+    labels = np.unique(y)
+    if labels.size != 2:
+        shown = ", ".join(f"{v:g}" for v in labels[:10]) + (", ..." if labels.size > 10 else "")
+        raise DataError(f"{path}: expected 2 label values, found {labels.size} ({shown})")
+    y_pm = np.where(y == labels[1], 1.0, -1.0)
+    X = sp.csr_matrix(X, dtype=np.float64)
+    X.sort_indices()
+    return Dataset(name=name or path.name.removesuffix(".gz"), X=X, y=y_pm, num_classes=2)
+
+
+# --------------------------------------------------------------------------- idx (MNIST)
+
+_IDX_DTYPES: dict[int, str] = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """Read an idx file (plain or gzip) into a native-endian array of its declared shape."""
+    path = Path(path)
+    data = _read_bytes(path)
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES or data[3] == 0:
+        raise DataError(f"{path}: not an idx file (bad magic {data[:4].hex() or 'empty'})")
+    dtype = np.dtype(_IDX_DTYPES[data[2]])
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise DataError(f"{path}: truncated idx header ({len(data)} of {header} bytes)")
+    dims = tuple(int(v) for v in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
+    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    actual = len(data) - header
+    if actual != expected:
+        raise DataError(
+            f"{path}: idx payload is {actual} bytes, expected {expected} for shape {dims} of {dtype.name}"
+        )
+    arr = np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
+    return arr.astype(dtype.newbyteorder("="))  # copy: writable and native byte order
+
+
+def _mnist_pair(images_path: str | Path, labels_path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    images, labels = read_idx(images_path), read_idx(labels_path)
+    if images.ndim != 3 or images.dtype != np.uint8:
+        raise DataError(f"{images_path}: expected uint8 images of shape (n, H, W), got {images.dtype} {images.shape}")
+    if labels.ndim != 1:
+        raise DataError(f"{labels_path}: expected a 1-d label file, got shape {labels.shape}")
+    if labels.shape[0] != images.shape[0]:
+        raise DataError(f"{labels_path}: {labels.shape[0]} labels but {images_path} has {images.shape[0]} images")
+    return images, labels
+
+
+def mnist_binary(images_path: str | Path, labels_path: str | Path, pos: int = 4, neg: int = 9) -> Dataset:
+    """The paper's MNIST subset: digits ``pos`` (+1) and ``neg`` (-1), pixels/255, CSR, original row order."""
+    images, labels = _mnist_pair(images_path, labels_path)
+    keep = np.flatnonzero((labels == pos) | (labels == neg))
+    X = sp.csr_matrix(images[keep].reshape(keep.size, -1).astype(np.float64) / 255.0)
+    y = np.where(labels[keep] == pos, 1.0, -1.0)
+    return Dataset(name=f"mnist{pos}{neg}", X=X, y=y, num_classes=2)
+
+
+def mnist10(images_path: str | Path, labels_path: str | Path) -> Dataset:
+    """All ten MNIST digits as float32 (n, 1, 28, 28) in [0, 1]; int64 labels."""
+    images, labels = _mnist_pair(images_path, labels_path)
+    if labels.size and (labels.min() < 0 or labels.max() > 9):
+        raise DataError(f"{labels_path}: labels outside 0..9 (min {labels.min()}, max {labels.max()})")
+    X = (images.astype(np.float32) / np.float32(255.0))[:, None, :, :]
+    return Dataset(name="mnist10", X=X, y=labels.astype(np.int64), num_classes=10)
+
+
+def digits_binary(pos: int = 4, neg: int = 9) -> Dataset:
+    """scikit-learn's bundled 8x8 digits, rows of ``pos`` (+1) and ``neg`` (-1), pixels/16, CSR."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    data, target = np.asarray(bunch.data), np.asarray(bunch.target)
+    keep = np.flatnonzero((target == pos) | (target == neg))
+    X = sp.csr_matrix(data[keep].astype(np.float64) / 16.0)
+    y = np.where(target[keep] == pos, 1.0, -1.0)
+    return Dataset(name=f"digits{pos}{neg}", X=X, y=y, num_classes=2)
+
+
+# --------------------------------------------------------------------------- CIFAR-10
+
+CIFAR10_TRAIN_BATCHES: tuple[str, ...] = tuple(f"data_batch_{i}" for i in range(1, 6))
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    # The batches hold only dicts, lists, bytes and numpy arrays; refusing every other global keeps a
+    # tampered pickle from running code.
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),  # how Python 3 pickles bytes at protocol 2
+    }
+
+    def find_class(self, module: str, name: str) -> type:
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing global {module}.{name}")
+
+
+def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with open(path, "rb") as fh:
+            obj = _NumpyOnlyUnpickler(fh, encoding="bytes").load()
+    except FileNotFoundError:
+        raise _not_found(path) from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
+        raise DataError(f"{path}: not a CIFAR-10 pickle batch ({type(err).__name__}: {err})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: not a CIFAR-10 pickle batch (top level is {type(obj).__name__})")
+    data = obj.get(b"data", obj.get("data"))
+    labels = obj.get(b"labels", obj.get("labels"))
+    if data is None or labels is None:
+        raise DataError(f"{path}: CIFAR-10 batch lacks 'data' or 'labels'")
+    data = np.asarray(data)
+    labels = np.asarray(labels, dtype=np.int64)
+    if data.ndim != 2 or data.shape[1] != 3072 or data.dtype != np.uint8:
+        raise DataError(f"{path}: expected uint8 data of shape (n, 3072), got {data.dtype} {data.shape}")
+    if labels.shape != (data.shape[0],):
+        raise DataError(f"{path}: {labels.size} labels for {data.shape[0]} rows")
+    if labels.size and (labels.min() < 0 or labels.max() > 9):
+        raise DataError(f"{path}: labels outside 0..9")
+    return data, labels
+
+
+def cifar10_pickle(directory: str | Path, batches: tuple[str, ...] = CIFAR10_TRAIN_BATCHES) -> Dataset:
+    """CIFAR-10 from the python pickle batches: float32 (n, 3, 32, 32)/255 and int64 labels.
+
+    ``directory`` is ``cifar-10-batches-py`` itself or its parent; pass ``batches=("test_batch",)``
+    for the test set.
+    """
+    directory = Path(directory)
+    if (directory / "cifar-10-batches-py").is_dir():
+        directory = directory / "cifar-10-batches-py"
+    parts = [_read_cifar_batch(directory / b) for b in batches]
+    data = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, 3072), np.uint8)
+    labels = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+    # Rows are R, G, B planes of 32x32 in row-major order, i.e. already (3, 32, 32).
+    X = data.reshape(-1, 3, 32, 32).astype(np.float32) / np.float32(255.0)
+    return Dataset(name="cifar10", X=X, y=labels, num_classes=10)
+
+
+def cifar10_png(folder: str | Path, labels_csv: str | Path, *, name: str = "cifar10-png") -> Dataset:
+    """CIFAR-10 images from a folder of 32x32 RGB PNGs listed in a ``filename,label`` CSV (Kaggle layout).
+
+    Labels are class names (airplane..truck -> 0..9) or integers 0..9; rows follow the CSV order.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    folder, labels_csv = Path(folder), Path(labels_csv)
+    class_ids = {c: i for i, c in enumerate(CIFAR10_CLASSES)}
+    try:
+        text = labels_csv.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise _not_found(labels_csv) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"{labels_csv}: cannot read ({err})") from None
+    images: list[np.ndarray] = []
+    labels: list[int] = []
+    for lineno, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+        if not row or all(not f.strip() for f in row):
+            continue
+        if len(row) != 2:
+            raise DataError(f"{labels_csv}:{lineno}: expected 'filename,label', got {len(row)} fields")
+        fname, label = row[0].strip(), row[1].strip()
+        if lineno == 1 and label.lower() == "label":
+            continue  # Kaggle's original file has an "id,label" header
+        if label.lower() in class_ids:
+            cls = class_ids[label.lower()]
+        elif label.isdigit() and int(label) < 10:
+            cls = int(label)
+        else:
+            raise DataError(f"{labels_csv}:{lineno}: unknown CIFAR-10 class {label!r}")
+        img_path = folder / (fname if Path(fname).suffix else f"{fname}.png")
+        try:
+            with Image.open(img_path) as img:
+                if img.mode != "RGB" or img.size != (32, 32):
+                    raise DataError(
+                        f"{img_path}: expected a 32x32 RGB image, got {img.mode} {img.size[0]}x{img.size[1]}"
+                        f" (listed at {labels_csv}:{lineno})"
+                    )
+                images.append(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1))
+        except FileNotFoundError:
+            raise DataError(f"{img_path}: not found (listed at {labels_csv}:{lineno})") from None
+        except (UnidentifiedImageError, OSError, SyntaxError) as err:
+            raise DataError(f"{img_path}: unreadable image ({err}) (listed at {labels_csv}:{lineno})") from None
+        labels.append(cls)
+    if not images:
+        raise DataError(f"{labels_csv}: lists no images")
+    X = np.stack(images).astype(np.float32) / np.float32(255.0)
+    return Dataset(name=name, X=X, y=np.asarray(labels, dtype=np.int64), num_classes=10)
+
+
+def normalize_channels(
+    X: np.ndarray, mean: np.ndarray | None = None, std: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-channel standardisation of (n, C, H, W) images; returns (X_normalized, mean, std).
+
+    Pass the training set's ``mean``/``std`` to normalise a test set with the same constants.
+    """
+    if X.ndim != 4:
+        raise ValueError(f"expected images of shape (n, C, H, W), got {X.shape}")
+    if mean is None:
+        mean = X.mean(axis=(0, 2, 3), dtype=np.float64).astype(np.float32)
+    if std is None:
+        std = X.std(axis=(0, 2, 3), dtype=np.float64).astype(np.float32)
+        std = np.where(std > 0, std, np.float32(1.0)).astype(np.float32)  # a constant channel stays finite
+    mean = np.asarray(mean, dtype=np.float32)
+    std = np.asarray(std, dtype=np.float32)
+    Xn = (X.astype(np.float32) - mean[None, :, None, None]) / std[None, :, None, None]
+    return Xn, mean, std

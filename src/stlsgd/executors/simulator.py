@@ -1,0 +1,170 @@
+"""The research executor: N clients stacked on one axis, stepped together, averaged by a mean.
+
+Runs a :class:`~stlsgd.algorithms.plan.Plan` round by round (Algorithm 1 inside each stage of Algorithms 2
+and 3): local steps of every client in one batched call, one average, an evaluation of the averaged model
+when due, and a stop on target, budget or divergence. Everything a checkpoint needs is in :class:`RunState`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from stlsgd.algorithms.plan import Plan, Round
+from stlsgd.executors.averaging import copy_state, is_finite, mean_over_clients, model_bytes
+from stlsgd.executors.sampling import Sampler
+from stlsgd.problems.base import Problem, State
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a run ends: target reached (gap <= target_gap or accuracy >= target_accuracy) or budget spent."""
+
+    target_gap: float | None = None
+    target_accuracy: float | None = None
+    max_iterations: int | None = None
+    max_rounds: int | None = None
+    eval_every: int = 1
+    eval_every_iterations: int | None = None
+
+
+@dataclass
+class RunState:
+    """Everything needed to continue a run exactly: a checkpoint saves this and nothing else."""
+
+    clients: State
+    sampler_state: dict[str, Any]
+    round: int = 0
+    iteration: int = 0
+    stage: int = 1
+    anchor: State | None = None
+    bytes: int = 0
+    wall_s: float = 0.0
+    last_eval_iteration: int = 0
+    status: str = "running"
+    rounds_to_target: int | None = None
+    iterations_to_target: int | None = None
+    last: dict[str, Any] = field(default_factory=dict)
+
+
+Callback = Callable[[RunState, Round], None]
+
+
+def init_run_state(problem: Problem, sampler: Sampler, num_clients: int, seed: int) -> RunState:
+    return RunState(clients=problem.init_state(num_clients, seed), sampler_state=sampler.get_state())
+
+
+def _due(stop: StopRule, state: RunState) -> bool:
+    if state.round % stop.eval_every == 0:
+        return True
+    every = stop.eval_every_iterations
+    return bool(every) and state.iteration // every > state.last_eval_iteration // every
+
+
+def run(
+    plan: Plan,
+    problem: Problem,
+    sampler: Sampler,
+    stop: StopRule,
+    state: RunState,
+    *,
+    fstar: float | None = None,
+    on_metrics: Callable[[dict[str, Any]], None] | None = None,
+    on_round: Callback | None = None,
+    progress: bool = True,
+) -> RunState:
+    """Run ``plan`` from ``state`` until a stop rule fires; returns the final state (status set)."""
+    sampler.set_state(state.sampler_state)
+    n_clients = sampler.partition.num_clients
+    per_round_bytes = 2 * n_clients * model_bytes(state.clients)
+    bar = tqdm(total=stop.max_iterations, initial=state.iteration, unit="it", disable=None if progress else True,
+               leave=False, dynamic_ncols=True)
+    started = time.perf_counter() - state.wall_s
+    try:
+        for rnd in plan.rounds(start=state.round):
+            if stop.max_rounds is not None and state.round >= stop.max_rounds:
+                state.status = "budget"
+                break
+            if stop.max_iterations is not None and state.iteration >= stop.max_iterations:
+                state.status = "budget"
+                break
+            if rnd.new_anchor or (rnd.prox_gamma is not None and state.anchor is None):
+                state.anchor = copy_state({k: v[:1] for k, v in state.clients.items()})
+            prox = None if rnd.prox_gamma is None else (1.0 / rnd.prox_gamma, state.anchor)
+            rows = sampler.draw(rnd.steps, rnd.batch)
+            lrs = rnd.learning_rates()
+            problem.local_steps(state.clients, rows, lrs, prox)
+            mean_over_clients(state.clients)
+            state.round = rnd.index + 1
+            state.iteration = rnd.end_iteration
+            state.stage = rnd.stage
+            state.bytes += per_round_bytes
+            state.sampler_state = sampler.get_state()
+            bar.update(rnd.steps)
+            finished = _evaluate_if_due(rnd, lrs, problem, stop, state, fstar, started, on_metrics)
+            if on_round is not None:
+                on_round(state, rnd)
+            if finished:
+                break
+        else:  # pragma: no cover - plans are endless
+            state.status = "budget"
+    finally:
+        bar.close()
+    if state.status == "budget" and state.last.get("round") != state.round:
+        _record(rnd, rnd.learning_rates(), problem, state, fstar, started, on_metrics)
+    state.wall_s = time.perf_counter() - started
+    return state
+
+
+def _evaluate_if_due(rnd, lrs, problem, stop, state, fstar, started, on_metrics) -> bool:
+    budget_next = (stop.max_iterations is not None and state.iteration >= stop.max_iterations) or (
+        stop.max_rounds is not None and state.round >= stop.max_rounds)
+    diverged = not is_finite(state.clients)
+    if not (diverged or budget_next or _due(stop, state)):
+        return False
+    if diverged:
+        state.status = "diverged"  # the last finite metrics stay in state.last
+        return True
+    metrics = _record(rnd, lrs, problem, state, fstar, started, on_metrics)
+    if not math.isfinite(metrics["objective"]):
+        state.status = "diverged"
+        return True
+    gap = metrics["gap"]
+    if (stop.target_gap is not None and gap is not None and gap <= stop.target_gap) or (
+        stop.target_accuracy is not None and metrics["accuracy"] >= stop.target_accuracy
+    ):
+        state.status = "reached"
+        state.rounds_to_target, state.iterations_to_target = state.round, state.iteration
+        return True
+    if budget_next:
+        state.status = "budget"
+        return True
+    return False
+
+
+def _record(rnd, lrs, problem, state, fstar, started, on_metrics) -> dict[str, Any]:
+    ev = problem.evaluate(state.clients)
+    metrics = {
+        "round": state.round,
+        "iteration": state.iteration,
+        "stage": rnd.stage,
+        "lr": float(lrs[-1]),
+        "period": rnd.period,
+        "batch": rnd.batch,
+        "objective": ev.objective,
+        "gap": None if fstar is None else ev.objective - fstar,
+        "accuracy": ev.accuracy,
+        "bytes": state.bytes,
+        "wall_s": round(time.perf_counter() - started, 6),
+    }
+    state.last_eval_iteration = state.iteration
+    if math.isfinite(ev.objective):
+        state.last = metrics
+        if on_metrics is not None:
+            on_metrics(metrics)
+    return metrics

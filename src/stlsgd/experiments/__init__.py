@@ -1,0 +1,1 @@
+"""Experiments: typed configs, building a run from them, sweeps and reports."""

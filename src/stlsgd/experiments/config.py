@@ -1,0 +1,174 @@
+"""Typed experiment configuration, loaded from TOML or YAML and validated field by field.
+
+Every error names the file and the dotted field (``algorithm.lr: must be > 0``) and is raised as
+:class:`~stlsgd.errors.ConfigError`, which the CLI turns into one line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from stlsgd.errors import ConfigError
+
+METHODS = ("sync_sgd", "lb_sgd", "cr_psgd", "local_sgd", "stl_sc", "stl_nc")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False, validate_assignment=True)
+
+
+class DataConfig(_Strict):
+    """Which data and how it is spread over clients (Section 5)."""
+
+    dataset: str = "digits49"
+    data_dir: str | None = None
+    num_clients: int = Field(32, ge=1)
+    partition: Literal["shared", "split", "noniid", "dirichlet"] = "shared"
+    s: float = Field(50.0, ge=0, le=100, description="Non-IID: percent of the data dealt IID")
+    alpha: float = Field(0.5, gt=0, description="Dirichlet label-skew concentration")
+    partition_seed: int = 0
+
+
+class ProblemConfig(_Strict):
+    kind: Literal["logistic"] = "logistic"
+    lam: float | None = Field(None, gt=0, description="L2 weight lambda of Eq. 8; default 1/n")
+
+
+class AlgorithmConfig(_Strict):
+    """One method and its hyper-parameters (names follow the paper)."""
+
+    method: Literal["sync_sgd", "lb_sgd", "cr_psgd", "local_sgd", "stl_sc", "stl_nc"] = "stl_sc"
+    lr: float = Field(1.0, gt=0, description="eta_1")
+    lr_decay: float = Field(0.0, ge=0, description="alpha in eta_t = eta_1/(1+alpha t)")
+    batch: int = Field(1, ge=1, description="per-client mini-batch (LB-SGD's B)")
+    k: float = Field(1.0, ge=1, description="Local SGD period k, or STL-SGD's k_1")
+    T1: int | None = Field(None, ge=1, description="STL-SGD first stage length in iterations")
+    T1_epochs: float | None = Field(None, gt=0, description="STL-SGD first stage length in epochs")
+    lr_T1: float = Field(1.0, gt=0, description="STL-SGD^sc rule eta_1 T_1 = lr_T1 / lambda when T1 is unset")
+    iid: bool | None = Field(None, description="k growth 2 (IID) or sqrt 2 (Non-IID); default from partition")
+    option: Literal[1, 2] = 1
+    gamma: float | None = Field(None, gt=0, description="STL-SGD^nc proximal gamma")
+    rho: float = Field(1.01, gt=1, description="CR-PSGD batch growth factor")
+    max_batch: int = Field(512, ge=1, description="CR-PSGD batch cap")
+    grow: Literal["step", "epoch"] = "step"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AlgorithmConfig:
+        if self.method == "local_sgd" and self.k != int(self.k):
+            raise ValueError("k: Local SGD needs an integer period")
+        if self.method == "stl_nc" and self.gamma is None:
+            raise ValueError("gamma: required for stl_nc (the proximal term 1/(2 gamma)||x - x_s||^2)")
+        if self.T1 is not None and self.T1_epochs is not None:
+            raise ValueError("T1: give T1 or T1_epochs, not both")
+        return self
+
+
+class RunConfig(_Strict):
+    """Seed, stop rule and evaluation schedule."""
+
+    seed: int = 0
+    target_gap: float | None = Field(1e-4, gt=0, description="stop when f(x) - f* <= target_gap")
+    target_accuracy: float | None = Field(None, gt=0, le=1, description="stop when training accuracy >= this")
+    max_iterations: int | None = Field(5_000_000, ge=1)
+    max_rounds: int | None = Field(None, ge=1)
+    eval_every: int = Field(1, ge=1, description="evaluate the averaged model every this many rounds")
+    eval_every_iterations: int | None = Field(None, ge=1, description="and whenever this many iterations pass")
+
+
+class Experiment(_Strict):
+    name: str = "run"
+    data: DataConfig = DataConfig()
+    problem: ProblemConfig = ProblemConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    run: RunConfig = RunConfig()
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _format(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    if ": " in msg and not loc.endswith(msg.split(": ", 1)[0]) and first["type"] == "value_error":
+        field, msg = msg.split(": ", 1)
+        loc = f"{loc}.{field}" if loc else field
+    return f"{source}: {loc}: {msg}"
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value: a TOML literal (1e-4, true, "x", [1, 2]) or else the bare string; null/none -> None."""
+    if text.lower() in ("null", "none"):
+        return None
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str], source: str = "--set") -> dict[str, Any]:
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"{source}: expected key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        node = raw
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{source}: {key}: {part} is not a section")
+            node = child
+        node[parts[-1]] = parse_value(value.strip())
+    return raw
+
+
+def read_raw(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config ({exc.strerror})") from None
+    try:
+        if path.suffix == ".toml":
+            raw = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml", ".json"):
+            raw = yaml.safe_load(text)
+        else:
+            raise ConfigError(f"{path}: unknown config format (use .toml, .yaml or .yml)")
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the config must be a table of sections, got {type(raw).__name__}")
+    return raw
+
+
+def validate(raw: dict[str, Any], source: str) -> Experiment:
+    try:
+        return Experiment.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc, source)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Experiment:
+    """Read, override (dotted ``key=value``) and validate an experiment config."""
+    path = Path(path)
+    raw = apply_overrides(read_raw(path), overrides or [])
+    return validate(raw, str(path))
+
+
+def dump_config(exp: Experiment, path: Path) -> None:
+    path.write_text(yaml.safe_dump(exp.to_dict(), sort_keys=False))

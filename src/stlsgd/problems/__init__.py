@@ -1,0 +1,1 @@
+"""Problems: an objective, its per-client local step and its evaluation."""

@@ -1,0 +1,170 @@
+"""L2-regularised logistic regression, the paper's convex problem (Eq. 8).
+
+    f(theta) = 1/n sum_i log(1 + exp(-y_i x_i^T theta)) + lambda/2 ||theta||^2,   lambda = 1/n by default.
+
+Local steps run in a compiled (numba) kernel over the stacked (clients x d) parameter matrix: a step of all
+clients costs a few hundred nanoseconds, which a per-step dispatch of tensor operations cannot approach.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from pathlib import Path
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+
+from stlsgd.problems.base import Evaluation, State
+
+
+@numba.njit(cache=True, nogil=True)
+def _sigmoid(z: float) -> float:
+    if z >= 0.0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+@numba.njit(cache=True, nogil=True)
+def _local_steps(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor):  # pragma: no cover - jitted
+    """W[c] -= lr_t * (mini-batch loss gradient + lam W[c] + gamma_inv (W[c] - anchor)), every step t, client c.
+
+    Without the proximal term the L2 shrink is kept as a per-client scale (W[c] = scale * V[c]), so a step
+    touches only the sampled rows' non-zeros instead of all d coordinates.
+    """
+    n_clients, d = W.shape
+    n_steps, _, batch = rows.shape
+    coef = np.empty(batch)
+    scale = np.ones(n_clients)
+    # Steps outer, clients inner: the clients' independent updates let the CPU overlap their cache misses.
+    for t in range(n_steps):
+        lr = lrs[t]
+        shrink = 1.0 - lr * lam
+        for c in range(n_clients):
+            w = W[c]
+            sc = scale[c]
+            # Every gradient coefficient is taken at the old w, before any coordinate moves.
+            for j in range(batch):
+                r = rows[t, c, j]
+                m = 0.0
+                for p in range(indptr[r], indptr[r + 1]):
+                    m += data[p] * w[indices[p]]
+                yr = y[r]
+                coef[j] = -yr * _sigmoid(-yr * m * sc) / batch
+            if gamma_inv > 0.0:
+                for q in range(d):
+                    w[q] -= lr * (lam * w[q] + gamma_inv * (w[q] - anchor[q]))
+            else:
+                sc *= shrink
+                if sc < 1e-100:
+                    for q in range(d):
+                        w[q] *= sc
+                    sc = 1.0
+                scale[c] = sc
+            for j in range(batch):
+                r = rows[t, c, j]
+                g = lr * coef[j] / sc
+                for p in range(indptr[r], indptr[r + 1]):
+                    w[indices[p]] -= g * data[p]
+    for c in range(n_clients):
+        if scale[c] != 1.0:
+            for q in range(d):
+                W[c, q] *= scale[c]
+
+
+class LogisticRegression:
+    """The problem of Eq. 8 on a CSR design matrix with labels in {-1, +1}."""
+
+    def __init__(self, X: sp.csr_matrix, y: np.ndarray, lam: float | None = None, name: str = "") -> None:
+        self.X = sp.csr_matrix(X, dtype=np.float64)
+        self.X.sort_indices()
+        self.y = np.ascontiguousarray(y, dtype=np.float64)
+        self.num_samples, self.dim = self.X.shape
+        self.lam = 1.0 / self.num_samples if lam is None else float(lam)
+        self.name = name
+        self._fstar: float | None = None
+
+    def init_state(self, num_clients: int, seed: int = 0) -> State:
+        return {"w": np.zeros((num_clients, self.dim), dtype=np.float64)}
+
+    def local_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> None:
+        gamma_inv, anchor = (0.0, np.zeros(self.dim)) if prox is None else (prox[0], prox[1]["w"])
+        _local_steps(
+            state["w"], self.X.indptr, self.X.indices, self.X.data, self.y, self.lam,
+            np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(lrs, dtype=np.float64),
+            float(gamma_inv), np.ascontiguousarray(anchor, dtype=np.float64).reshape(-1),
+        )
+
+    def loss(self, w: np.ndarray) -> float:
+        margins = self.y * (self.X @ w)
+        return float(np.mean(np.logaddexp(0.0, -margins)) + 0.5 * self.lam * float(w @ w))
+
+    def evaluate(self, state: State) -> Evaluation:
+        w = state["w"][0]
+        margins = self.y * (self.X @ w)
+        objective = float(np.mean(np.logaddexp(0.0, -margins)) + 0.5 * self.lam * float(w @ w))
+        return Evaluation(objective=objective, accuracy=float(np.mean(margins > 0)))
+
+    def gradient(self, w: np.ndarray) -> np.ndarray:
+        margins = self.y * (self.X @ w)
+        coef = -self.y * _expit(-margins)
+        return self.X.T @ coef / self.num_samples + self.lam * w
+
+    def newton(self, tol: float = 1e-13, max_iter: int = 100) -> tuple[np.ndarray, float]:
+        """x* by damped Newton's method to machine precision: the gap f(x) - f* is then exact."""
+        w = np.zeros(self.dim)
+        f = self.loss(w)
+        for _ in range(max_iter):
+            g = self.gradient(w)
+            if np.linalg.norm(g) <= tol:
+                break
+            p = _expit(self.y * (self.X @ w))
+            curvature = p * (1.0 - p) / self.num_samples
+            H = (self.X.T @ self.X.multiply(curvature[:, None])).toarray() + self.lam * np.eye(self.dim)
+            step = np.linalg.solve(H, g)
+            t = 1.0
+            while True:  # Armijo backtracking: full steps from x_0 = 0 can overshoot on separable data
+                f_new = self.loss(w - t * step)
+                if f_new <= f - 1e-4 * t * float(g @ step) or t < 1e-10:
+                    break
+                t *= 0.5
+            w, f_prev, f = w - t * step, f, f_new
+            if t == 1.0 and f_prev - f <= 1e-16 * max(1.0, abs(f)):
+                break
+        return w, self.loss(w)
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256()
+        for a in (self.X.indptr, self.X.indices, self.X.data, self.y, np.array([self.lam])):
+            h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()[:24]
+
+    def optimum(self, cache_dir: Path | None = None) -> float:
+        """f* = f(x*), cached on disk per dataset content and lambda."""
+        if self._fstar is not None:
+            return self._fstar
+        path = None
+        if cache_dir is not None:
+            path = Path(cache_dir) / "optima" / f"logistic-{self.fingerprint()}.npz"
+            if path.is_file():
+                self._fstar = float(np.load(path)["fstar"])
+                return self._fstar
+        w, self._fstar = self.newton()
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+                np.savez(tmp, w=w, fstar=self._fstar)
+                os.replace(tmp, path)
+            except OSError:
+                pass  # a read-only cache only costs a recomputation
+        return self._fstar
+
+
+def _expit(z: np.ndarray) -> np.ndarray:
+    from scipy.special import expit
+
+    return expit(z)

@@ -1,0 +1,112 @@
+"""Client partitions: sizes, label mix, determinism, and bad parameters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stlsgd.data import PARTITION_MODES, load_dataset, make_partition
+from stlsgd.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def a9a_y(shared_data: Path) -> np.ndarray:
+    return load_dataset("a9a", shared_data).y
+
+
+def _check_cover(p, n: int) -> None:
+    """Disjoint modes: every row appears exactly once."""
+    assert p.rows.dtype == np.int64 and p.starts.dtype == np.int64 and p.sizes.dtype == np.int64
+    np.testing.assert_array_equal(np.sort(p.rows), np.arange(n))
+    np.testing.assert_array_equal(p.starts, np.concatenate([[0], np.cumsum(p.sizes)[:-1]]))
+
+
+def test_shared(a9a_y: np.ndarray) -> None:
+    p = make_partition(a9a_y, 32, "shared", seed=0)
+    assert p.num_clients == 32 and (p.sizes == 32561).all() and (p.starts == 0).all()
+    np.testing.assert_array_equal(p.client_rows(31), np.arange(32561))
+
+
+def test_split_sizes(a9a_y: np.ndarray) -> None:
+    p = make_partition(a9a_y, 32, "split", seed=0)
+    _check_cover(p, 32561)
+    assert sorted(set(p.sizes.tolist())) == [1017, 1018]
+    assert int((p.sizes == 1018).sum()) == 32561 - 32 * 1017
+    # A random split keeps every client's label mix near the global 24%.
+    fracs = [(a9a_y[p.client_rows(c)] > 0).mean() for c in range(32)]
+    assert max(abs(f - 0.2408) for f in fracs) < 0.07
+
+
+@pytest.mark.parametrize("s", [0.0, 50.0, 100.0, 33.3])
+def test_noniid_sizes_and_cover(a9a_y: np.ndarray, s: float) -> None:
+    p = make_partition(a9a_y, 32, "noniid", seed=1, s=s)
+    _check_cover(p, 32561)
+    assert set(p.sizes.tolist()) <= {1017, 1018}
+
+
+def test_noniid_label_mix(a9a_y: np.ndarray) -> None:
+    p = make_partition(a9a_y, 32, "noniid", seed=0, s=50.0)
+    first = (a9a_y[p.client_rows(0)] < 0).mean()
+    last = (a9a_y[p.client_rows(31)] > 0).mean()
+    assert first > 0.8 and last > 0.55  # label-sorted half: -1 at the front, +1 at the back
+    pure = make_partition(a9a_y, 32, "noniid", seed=0, s=0.0)
+    assert (a9a_y[pure.client_rows(0)] == -1).all() and (a9a_y[pure.client_rows(31)] == 1).all()
+    # s=100 is exactly the random split with the same seed.
+    split = make_partition(a9a_y, 32, "split", seed=0)
+    full = make_partition(a9a_y, 32, "noniid", seed=0, s=100.0)
+    np.testing.assert_array_equal(full.rows, split.rows)
+
+
+def test_noniid_multiclass_uneven() -> None:
+    y = np.repeat(np.arange(10), 7)[::-1].copy()  # 70 rows, 10 classes
+    p = make_partition(y, 8, "noniid", seed=3, s=0.0)
+    _check_cover(p, 70)
+    assert set(p.sizes.tolist()) == {8, 9}
+    assert (np.diff(y[p.rows]) >= 0).all()  # s=0: rows dealt in label order
+
+
+def test_dirichlet(a9a_y: np.ndarray) -> None:
+    p = make_partition(a9a_y, 8, "dirichlet", seed=0, alpha=0.5)
+    _check_cover(p, 32561)
+    fracs = np.array([(a9a_y[p.client_rows(c)] > 0).mean() for c in range(8)])
+    assert fracs.max() - fracs.min() > 0.2  # label skew
+    iid_like = make_partition(a9a_y, 8, "dirichlet", seed=0, alpha=1e4)
+    fr = np.array([(a9a_y[iid_like.client_rows(c)] > 0).mean() for c in range(8)])
+    assert fr.max() - fr.min() < 0.05
+
+
+@pytest.mark.parametrize("mode", PARTITION_MODES)
+def test_deterministic(a9a_y: np.ndarray, mode: str) -> None:
+    a = make_partition(a9a_y, 16, mode, seed=7)
+    b = make_partition(a9a_y, 16, mode, seed=7)
+    np.testing.assert_array_equal(a.rows, b.rows)
+    np.testing.assert_array_equal(a.sizes, b.sizes)
+    if mode != "shared":
+        c = make_partition(a9a_y, 16, mode, seed=8)
+        assert not np.array_equal(a.rows, c.rows)
+
+
+@pytest.mark.parametrize("mode", PARTITION_MODES)
+def test_more_clients_than_samples(mode: str) -> None:
+    with pytest.raises(ConfigError, match=r"more clients \(11\) than samples \(10\)"):
+        make_partition(np.ones(10), 11, mode, seed=0)
+
+
+def test_bad_parameters() -> None:
+    y = np.array([1.0, -1.0] * 10)
+    with pytest.raises(ConfigError, match=r"partition.s: must be in \[0, 100\], got 101"):
+        make_partition(y, 2, "noniid", seed=0, s=101)
+    with pytest.raises(ConfigError, match="partition.alpha: must be > 0"):
+        make_partition(y, 2, "dirichlet", seed=0, alpha=0.0)
+    with pytest.raises(ConfigError, match="unknown mode 'iid'"):
+        make_partition(y, 2, "iid", seed=0)
+    with pytest.raises(ConfigError, match="positive integer"):
+        make_partition(y, 0, "split", seed=0)
+
+
+def test_empty_client_names_mode_and_client() -> None:
+    y = np.array([1.0, -1.0] * 10)
+    with pytest.raises(ConfigError, match=r"mode 'dirichlet' leaves client \d+ with no rows"):
+        make_partition(y, 20, "dirichlet", seed=0, alpha=0.01)
