@@ -1,0 +1,93 @@
+"""End-to-end runs of the command line on real data, as a user types them."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stlsgd.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def stlsgd(*args, cwd=None):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "stlsgd", *args], capture_output=True, text=True, cwd=cwd, env=env)
+
+
+def read_metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_run_writes_config_metrics_and_summary(tmp_path, shared_data):
+    out = tmp_path / "run"
+    proc = stlsgd("run", str(ROOT / "configs/examples/a9a_stl_sc.toml"), "--data-dir", str(shared_data),
+                  "--out", str(out), "--set", "run.max_rounds=12", "--set", "algorithm.k=400")
+    assert proc.returncode == 0, proc.stderr
+    assert "budget after 12 rounds" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "budget" and summary["rounds"] == 12 and summary["rounds_to_target"] is None
+    metrics = read_metrics(out)
+    assert [m["round"] for m in metrics] == list(range(1, 13))
+    # eta_1 T_1 = 1/lambda: T_1 = ceil(32561/3.2) = 10176 iterations in ceil(10176/400) = 26 rounds of stage 1.
+    assert all(m["stage"] == 1 and m["period"] == 400 and m["lr"] == 3.2 for m in metrics)
+    assert metrics[-1]["iteration"] == 12 * 400 and metrics[-1]["bytes"] == 12 * 2 * 32 * 123 * 8
+    assert all(m["gap"] > 0 for m in metrics)  # f* is the exact minimum: no iterate can beat it
+    saved = (out / "config.yaml").read_text()
+    assert "k: 400.0" in saved and "max_rounds: 12" in saved
+    # The saved config reruns the same experiment into the same directory.
+    assert main(["run", str(out / "config.yaml"), "--data-dir", str(shared_data), "--out", str(out), "--quiet"]) == 0
+
+
+def test_stl_sc_reaches_gap_1e4_on_a9a(tmp_path, shared_data):
+    """The issue's acceptance run: a9a IID shared, 32 clients, batch 1, target gap 1e-4."""
+    out = tmp_path / "a9a"
+    code = main(["run", str(ROOT / "configs/examples/a9a_stl_sc.toml"), "--data-dir", str(shared_data),
+                 "--out", str(out), "--quiet"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "reached"
+    assert summary["final"]["gap"] <= 1e-4
+    assert 10 <= summary["rounds_to_target"] <= 100
+    assert summary["iterations_to_target"] == read_metrics(out)[-1]["iteration"]
+
+
+def test_mnist49_run(tmp_path, shared_data):
+    out = tmp_path / "mnist"
+    code = main(["run", str(ROOT / "configs/examples/a9a_stl_sc.toml"), "--data-dir", str(shared_data), "--out",
+                 str(out), "--quiet", "--set", "data.dataset=mnist49", "--set", "data.partition=noniid",
+                 "--set", "run.max_rounds=5", "--set", "algorithm.k=10"])
+    assert code == 0
+    metrics = read_metrics(out)
+    assert len(metrics) == 5 and metrics[-1]["accuracy"] > 0.9
+    assert metrics[-1]["bytes"] == 5 * 2 * 32 * 784 * 8
+
+
+def test_demo_prints_table_and_writes_plot(tmp_path):
+    proc = stlsgd("demo", "--out", str(tmp_path / "demo"), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:2] == ["method", "rounds"]
+    rounds = {line.split()[0]: int(line.split()[-3]) for line in lines[1:4] if line.split()[-3].isdigit()}
+    assert set(rounds) == {"SyncSGD", "Local", "STL-SGD^sc"}
+    assert rounds["STL-SGD^sc"] < rounds["Local"] < rounds["SyncSGD"]
+    png = tmp_path / "demo" / "demo.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_config_is_one_line_and_exit_2(tmp_path, capsys):
+    config = tmp_path / "bad.toml"
+    config.write_text('[algorithm]\nmethod = "local_sgd"\nlr = -1\n')
+    assert main(["run", str(config), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"stlsgd: error: {config}: algorithm.lr: Input should be greater than 0"
+    assert not (tmp_path / "o").exists()
+
+
+def test_data_list_names_the_paper_sets(capsys):
+    assert main(["data", "list"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert {"a9a", "mnist49", "digits49", "cifar10"} <= set(names)

@@ -1,0 +1,86 @@
+"""Eq. 8's SGD step checked against numbers worked out by hand, and the exact optimum f*."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from stlsgd.data import load_dataset
+from stlsgd.problems.logistic import LogisticRegression
+
+X = sp.csr_matrix(np.array([[1.0, 2.0], [0.0, 1.0]]))
+Y = np.array([1.0, -1.0])
+
+
+def two_clients():
+    problem = LogisticRegression(X, Y, lam=0.1)
+    state = problem.init_state(2)
+    state["w"][:] = [0.5, -0.5]
+    return problem, state
+
+
+def test_one_sgd_step_by_hand():
+    # Client 0 takes row 0 (x=[1,2], y=+1): m = -0.5, coefficient -sigma(0.5) = -0.62246;
+    # w - 0.1 (coef x + 0.1 w). Client 1 takes row 1 (x=[0,1], y=-1): coefficient sigma(-0.5).
+    problem, state = two_clients()
+    problem.local_steps(state, np.array([[[0], [1]]]), np.array([0.1]), None)
+    np.testing.assert_allclose(state["w"][0], [0.5572459331201854, -0.3705081337596291], rtol=1e-14)
+    np.testing.assert_allclose(state["w"][1], [0.495, -0.5327540668798145], rtol=1e-14)
+
+
+def test_minibatch_step_by_hand():
+    problem, state = two_clients()
+    problem.local_steps(state, np.array([[[0, 1], [0, 1]]]), np.array([0.1]), None)
+    np.testing.assert_allclose(state["w"][0], [0.5261229665600927, -0.4516311003197218], rtol=1e-14)
+
+
+def test_proximal_step_by_hand():
+    # STL-SGD^nc adds (w - x_s)/gamma: here 1/gamma = 2, anchor x_s = [0.1, 0.2].
+    problem, state = two_clients()
+    anchor = {"w": np.array([[0.1, 0.2]])}
+    problem.local_steps(state, np.array([[[0], [0]]]), np.array([0.1]), (2.0, anchor))
+    np.testing.assert_allclose(state["w"][0], [0.47724593312018543, -0.23050813375962909], rtol=1e-14)
+
+
+def test_many_steps_match_a_plain_loop():
+    rng = np.random.default_rng(0)
+    dense = rng.random((50, 7)) * (rng.random((50, 7)) < 0.4)
+    y = np.where(rng.random(50) < 0.5, 1.0, -1.0)
+    problem = LogisticRegression(sp.csr_matrix(dense), y)
+    state = problem.init_state(3)
+    rows = rng.integers(0, 50, size=(40, 3, 2))
+    lrs = 1.0 / (1 + 0.01 * np.arange(40))
+    problem.local_steps(state, rows, lrs, None)
+    w = np.zeros((3, 7))
+    for t in range(40):
+        for c in range(3):
+            batch = dense[rows[t, c]]
+            m = y[rows[t, c]] * (batch @ w[c])
+            grad = batch.T @ (-y[rows[t, c]] / (1 + np.exp(m))) / 2 + problem.lam * w[c]
+            w[c] -= lrs[t] * grad
+    np.testing.assert_allclose(state["w"], w, rtol=1e-12, atol=1e-14)
+
+
+def test_newton_optimum_is_stationary_and_cached(tmp_path, shared_data):
+    ds = load_dataset("a9a", shared_data)
+    problem = LogisticRegression(ds.X, ds.y)
+    assert problem.lam == pytest.approx(1 / 32561)
+    w, fstar = problem.newton()
+    assert np.linalg.norm(problem.gradient(w)) < 1e-12
+    assert fstar == pytest.approx(problem.loss(w))
+    assert problem.optimum(cache_dir=tmp_path) == fstar
+    cached = list((tmp_path / "optima").glob("*.npz"))
+    assert len(cached) == 1
+    fresh = LogisticRegression(ds.X, ds.y)
+    assert fresh.optimum(cache_dir=tmp_path) == fstar  # read back from the cache, bit for bit
+    # No point on a random line through x* is lower.
+    d = np.random.default_rng(1).standard_normal(w.shape)
+    assert all(problem.loss(w + t * d) > fstar for t in (1e-3, -1e-3))
+
+
+def test_evaluate_reports_objective_and_accuracy():
+    problem = LogisticRegression(X, Y, lam=0.1)
+    state = {"w": np.array([[1.0, -1.0]])}
+    ev = problem.evaluate(state)
+    expected = np.mean(np.log1p(np.exp(-Y * (X @ [1.0, -1.0])))) + 0.05 * 2
+    assert ev.objective == pytest.approx(expected, rel=1e-14)
+    assert ev.accuracy == 0.5  # margins y * x^T w = [-1, +1]: one of two rows right

@@ -1,0 +1,110 @@
+"""The simulator against a plain per-client loop, its stop rules, accounting and determinism."""
+
+import numpy as np
+import pytest
+
+from stlsgd.algorithms import STLSGD, LocalSGD
+from stlsgd.data import load_dataset, make_partition
+from stlsgd.executors.sampling import Sampler
+from stlsgd.executors.simulator import StopRule, init_run_state, run
+from stlsgd.problems.logistic import LogisticRegression
+
+
+@pytest.fixture(scope="module")
+def digits():
+    ds = load_dataset("digits49")
+    return ds, LogisticRegression(ds.X, ds.y)
+
+
+def simulate(problem, partition, plan, stop, seed=0, fstar=None):
+    sampler = Sampler(partition, seed)
+    metrics = []
+    state = run(plan, problem, sampler, stop, init_run_state(problem, sampler, partition.num_clients, seed),
+                fstar=fstar, on_metrics=metrics.append, progress=False)
+    return state, metrics
+
+
+def test_local_sgd_equals_a_plain_loop_over_clients(digits):
+    ds, problem = digits
+    partition = make_partition(ds.y, 4, "split", seed=3)
+    plan = LocalSGD(lr=0.5, k=5, lr_decay=0.01)
+    state, _ = simulate(problem, partition, plan, StopRule(max_rounds=6), seed=7)
+
+    X, y, lam = ds.X.toarray(), ds.y, problem.lam
+    sampler = Sampler(partition, 7)
+    w = np.zeros((4, X.shape[1]))
+    for rnd in plan.rounds():
+        if rnd.index == 6:
+            break
+        rows = sampler.draw(rnd.steps, rnd.batch)
+        for t, lr in enumerate(rnd.learning_rates()):
+            for c in range(4):
+                r = rows[t, c, 0]
+                assert r in partition.client_rows(c)  # clients sample only their own data
+                w[c] -= lr * (-y[r] / (1 + np.exp(y[r] * X[r] @ w[c])) * X[r] + lam * w[c])
+        w[:] = w.mean(axis=0)
+    np.testing.assert_allclose(state.clients["w"], w, rtol=1e-11, atol=1e-14)
+    assert (state.round, state.iteration) == (6, 30)
+
+
+def test_accounting_and_metrics_fields(digits):
+    ds, problem = digits
+    partition = make_partition(ds.y, 8, "shared", seed=0)
+    state, metrics = simulate(problem, partition, LocalSGD(lr=0.1, k=3), StopRule(max_rounds=10, eval_every=4),
+                              fstar=problem.optimum())
+    assert [m["round"] for m in metrics] == [4, 8, 10]  # every 4 rounds, and the last one
+    assert state.bytes == 10 * 2 * 8 * 64 * 8  # rounds x (send + receive) x clients x d float64s
+    assert set(metrics[0]) >= {"round", "iteration", "stage", "lr", "period", "batch", "objective", "gap",
+                               "accuracy", "bytes", "wall_s"}
+    assert metrics[-1]["gap"] == pytest.approx(metrics[-1]["objective"] - problem.optimum())
+    assert state.status == "budget"
+
+
+def test_stops_at_target_and_reports_rounds(digits):
+    ds, problem = digits
+    partition = make_partition(ds.y, 16, "shared", seed=0)
+    fstar = problem.optimum()
+    plan = STLSGD(lr=1.6, T1=226, k1=32)
+    state, metrics = simulate(problem, partition, plan, StopRule(target_gap=1e-4, max_iterations=10**6), fstar=fstar)
+    assert state.status == "reached"
+    assert metrics[-1]["gap"] <= 1e-4 < min(m["gap"] for m in metrics[:-1])
+    assert state.rounds_to_target == metrics[-1]["round"] == state.round
+    assert state.stage > 1
+
+
+def test_budget_by_iterations(digits):
+    ds, problem = digits
+    partition = make_partition(ds.y, 2, "shared", seed=0)
+    state, metrics = simulate(problem, partition, LocalSGD(lr=0.1, k=10), StopRule(max_iterations=35))
+    assert state.status == "budget" and state.iteration == 40 and metrics[-1]["iteration"] == 40
+
+
+def test_divergence_is_its_own_status(digits):
+    ds, problem = digits
+    partition = make_partition(ds.y, 2, "shared", seed=0)
+    plan = STLSGD(lr=1e308, T1=10, k1=2, gamma=1e-300, name="stl_nc")
+    state, metrics = simulate(problem, partition, plan, StopRule(max_rounds=50))
+    assert state.status == "diverged"
+    assert all(np.isfinite(m["objective"]) for m in metrics)
+
+
+def test_same_seed_same_bits_other_seed_differs(digits):
+    ds, problem = digits
+    partition = make_partition(ds.y, 8, "noniid", seed=0, s=50)
+    plan = STLSGD(lr=1.0, T1=100, k1=4, iid=False)
+    runs = [simulate(problem, partition, plan, StopRule(max_rounds=40), seed=s) for s in (5, 5, 6)]
+    strip = lambda ms: [{k: v for k, v in m.items() if k != "wall_s"} for m in ms]
+    assert np.array_equal(runs[0][0].clients["w"], runs[1][0].clients["w"])
+    assert strip(runs[0][1]) == strip(runs[1][1])
+    assert not np.array_equal(runs[0][0].clients["w"], runs[2][0].clients["w"])
+
+
+def test_sampler_is_uniform_over_each_clients_rows(digits):
+    ds, _ = digits
+    partition = make_partition(ds.y, 3, "split", seed=1)
+    rows = Sampler(partition, 0).draw(20000, 1)
+    for c in range(3):
+        own = partition.client_rows(c)
+        counts = np.bincount(rows[:, c, 0], minlength=ds.n)[own]
+        assert set(np.unique(rows[:, c, 0])) == set(own)
+        assert counts.std() / counts.mean() < 0.2
