@@ -63,10 +63,10 @@ def _cmd_data_fetch(args: argparse.Namespace) -> int:
 
 
 def _cmd_data_list(args: argparse.Namespace) -> int:
-    from stlsgd.data import registry
+    from stlsgd.data import DATASETS
 
-    for name in registry.names():
-        print(name)
+    for name, spec in DATASETS.items():
+        print(f"{name:<16} {spec.description}")
     return 0
 
 
@@ -105,30 +105,26 @@ def build_parser() -> argparse.ArgumentParser:
     f = data_sub.add_parser("list", help="known dataset names")
     f.set_defaults(func=_cmd_data_list)
 
-    for register in _EXTRA_COMMANDS:
+    for register in _extra_commands():
         register(sub)
     return parser
 
 
-# Subcommands that live with their own modules (sweep, report, ...) register themselves here.
-_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
-
-
-def _load_extra_commands() -> None:
+def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
+    """Subcommands that live with their own modules (sweep, report) and register themselves."""
     import importlib
 
+    found = []
     for module in ("stlsgd.experiments.sweep", "stlsgd.experiments.report"):
         try:
-            mod = importlib.import_module(module)
+            found.append(importlib.import_module(module).register)
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
-            continue
-        _EXTRA_COMMANDS.append(mod.register)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
-    _load_extra_commands()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

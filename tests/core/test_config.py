@@ -69,3 +69,10 @@ def test_stl_sc_first_stage_from_the_lambda_rule(tmp_path):
     plan = build_plan(exp.algorithm, num_samples=50000, num_clients=8, lam=1e-5, iid_default=False)
     # 2 epochs of 50,000 samples at 8 clients x 64 = 196 iterations; Non-IID growth sqrt(s).
     assert (plan.T1, plan.option, plan.gamma, plan.iid) == (196, 2, 100.0, False)
+
+
+def test_toml_can_switch_a_stop_rule_off(tmp_path):
+    exp = load_config(write(tmp_path, '[run]\ntarget_gap = "none"\ntarget_accuracy = 0.99\nmax_iterations = "off"\n'))
+    assert exp.run.target_gap is None and exp.run.max_iterations is None and exp.run.target_accuracy == 0.99
+    with pytest.raises(ConfigError, match="run.target_gap"):
+        load_config(write(tmp_path, '[run]\ntarget_gap = "soon"\n'))

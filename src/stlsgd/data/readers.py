@@ -6,6 +6,7 @@ import bz2
 import csv
 import gzip
 import io
+import math
 import pickle
 import zlib
 from collections.abc import Iterator
@@ -30,7 +31,15 @@ def _not_found(path: Path) -> DataError:
 
 
 def _corrupt(path: Path, err: BaseException) -> DataError:
-    return DataError(f"{path}: corrupt or truncated gzip file ({type(err).__name__}: {err})")
+    kind = "bz2" if path.suffix == ".bz2" else "gzip"
+    return DataError(f"{path}: corrupt or truncated {kind} file ({type(err).__name__}: {err})")
+
+
+def _unreadable(path: Path, err: BaseException) -> DataError:
+    """A damaged compressed stream, or a file-system failure (an OSError with an errno, e.g. no permission)."""
+    if isinstance(err, OSError) and err.errno is not None:
+        return DataError(f"{path}: cannot read ({err.strerror or err})")
+    return _corrupt(path, err)  # gzip/zlib errors, and bz2's errno-less OSError("Invalid data stream")
 
 
 def _open_text(path: Path) -> io.TextIOBase:
@@ -69,9 +78,12 @@ def _scan_svmlight(path: Path, n_features: int | None) -> Iterator[tuple[int, st
             if not body:
                 continue
             try:
-                float(body[0])
+                label = float(body[0])
             except ValueError:
                 yield lineno, f"bad label {body[0]!r}"
+                continue
+            if not math.isfinite(label):
+                yield lineno, f"non-finite label {body[0]!r}"
                 continue
             last = 0
             for tok in body[1:]:
@@ -83,9 +95,12 @@ def _scan_svmlight(path: Path, n_features: int | None) -> Iterator[tuple[int, st
                     continue
                 try:
                     idx = int(key)
-                    float(val)
+                    value = float(val)
                 except ValueError:
                     yield lineno, f"token {tok!r} is not index:value"
+                    break
+                if not math.isfinite(value):
+                    yield lineno, f"non-finite value in {tok!r}"
                     break
                 if idx < 1:
                     yield lineno, f"feature index {idx} < 1 (LIBSVM indices start at 1)"
@@ -109,18 +124,25 @@ def read_svmlight(path: str | Path, n_features: int | None = None, *, name: str 
     try:
         # zero_based=False: LIBSVM indices start at 1, and "auto" would silently shift a file with no column 1.
         X, y = load_svmlight_file(str(path), n_features=n_features, dtype=np.float64, zero_based=False)
-    except _GZIP_ERRORS as err:
-        raise _corrupt(path, err) from None
+    except (*_GZIP_ERRORS, OSError) as err:
+        raise _unreadable(path, err) from None
     except ValueError as err:
         try:
             for lineno, problem in _scan_svmlight(path, n_features):
                 if "exceeds n_features" in problem:
                     raise DataError(f"{path}:{lineno}: {problem}") from None
                 raise DataError(f"{path}:{lineno}: malformed svmlight line: {problem}") from None
-        except _GZIP_ERRORS as gz_err:
-            raise _corrupt(path, gz_err) from None
+        except (*_GZIP_ERRORS, OSError) as gz_err:
+            raise _unreadable(path, gz_err) from None
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(f"{path}: malformed svmlight file ({msg})") from None
+    if not (np.isfinite(y).all() and np.isfinite(X.data).all()):
+        # sklearn parses "nan"/"inf" as numbers; a model trained on them only diverges, so name the line.
+        try:
+            lineno, problem = next(_scan_svmlight(path, n_features), (0, "non-finite label or value"))
+        except (*_GZIP_ERRORS, OSError) as err:
+            raise _unreadable(path, err) from None
+        raise DataError(f"{path}:{lineno}: malformed svmlight line: {problem}")
     labels = np.unique(y)
     if labels.size != 2:
         shown = ", ".join(f"{v:g}" for v in labels[:10]) + (", ..." if labels.size > 10 else "")

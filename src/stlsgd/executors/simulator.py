@@ -52,7 +52,31 @@ class RunState:
     last: dict[str, Any] = field(default_factory=dict)
 
 
-Callback = Callable[[RunState, Round], None]
+# An on_round callback may return a status string (e.g. "pruned") to end the run there; None goes on.
+Callback = Callable[[RunState, Round], "str | None"]
+
+
+def _keep_verdict(state: RunState, finished: bool) -> bool:
+    return finished
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where the clients live: which of them this process steps, how they are averaged, who evaluates.
+
+    The simulator's default holds every client and averages with a mean; the torch.distributed executor
+    (:mod:`stlsgd.executors.distributed`) gives each rank a contiguous slice of the client axis, averages
+    with one all-reduce, lets rank 0 alone evaluate and record, and ``agree`` hands rank 0's stop verdict
+    (and status) to every rank, so all ranks leave the loop after the same round.
+    """
+
+    clients: slice = field(default_factory=lambda: slice(None))
+    is_root: bool = True
+    average: Callable[[State], None] = mean_over_clients
+    agree: Callable[[RunState, bool], bool] = _keep_verdict
+
+
+LOCAL = Topology()
 
 
 def init_run_state(problem: Problem, sampler: Sampler, num_clients: int, seed: int) -> RunState:
@@ -77,8 +101,11 @@ def run(
     on_metrics: Callable[[dict[str, Any]], None] | None = None,
     on_round: Callback | None = None,
     progress: bool = True,
+    topology: Topology = LOCAL,
 ) -> RunState:
-    """Run ``plan`` from ``state`` until a stop rule fires; returns the final state (status set)."""
+    """Run ``plan`` from ``state`` until a stop rule fires; returns the final state (status set).
+
+    ``state.clients`` holds the clients of ``topology.clients`` (all of them by default)."""
     sampler.set_state(state.sampler_state)
     n_clients = sampler.partition.num_clients
     per_round_bytes = 2 * n_clients * model_bytes(state.clients)
@@ -96,37 +123,46 @@ def run(
             if rnd.new_anchor or (rnd.prox_gamma is not None and state.anchor is None):
                 state.anchor = copy_state({k: v[:1] for k, v in state.clients.items()})
             prox = None if rnd.prox_gamma is None else (1.0 / rnd.prox_gamma, state.anchor)
-            rows = sampler.draw(rnd.steps, rnd.batch)
+            rows = sampler.draw(rnd.steps, rnd.batch)[:, topology.clients]
             lrs = rnd.learning_rates()
             problem.local_steps(state.clients, rows, lrs, prox)
-            mean_over_clients(state.clients)
+            topology.average(state.clients)
             state.round = rnd.index + 1
             state.iteration = rnd.end_iteration
             state.stage = rnd.stage
             state.bytes += per_round_bytes
             state.sampler_state = sampler.get_state()
             bar.update(rnd.steps)
-            finished = _evaluate_if_due(rnd, lrs, problem, stop, state, fstar, started, on_metrics)
+            finished = _evaluate_if_due(rnd, lrs, problem, stop, state, fstar, started, on_metrics, topology)
             if on_round is not None:
-                on_round(state, rnd)
+                verdict = on_round(state, rnd)
+                if verdict and not finished:
+                    state.status, finished = verdict, True
             if finished:
                 break
         else:  # pragma: no cover - plans are endless
             state.status = "budget"
     finally:
         bar.close()
-    if state.status == "budget" and state.last.get("round") != state.round:
+    if topology.is_root and state.status == "budget" and state.last.get("round") != state.round:
         _record(rnd, rnd.learning_rates(), problem, state, fstar, started, on_metrics)
     state.wall_s = time.perf_counter() - started
     return state
 
 
-def _evaluate_if_due(rnd, lrs, problem, stop, state, fstar, started, on_metrics) -> bool:
+def _evaluate_if_due(rnd, lrs, problem, stop, state, fstar, started, on_metrics, topology=LOCAL) -> bool:
     budget_next = (stop.max_iterations is not None and state.iteration >= stop.max_iterations) or (
         stop.max_rounds is not None and state.round >= stop.max_rounds)
+    # Averaged models are identical on every rank, so every rank reaches this test in the same rounds.
     diverged = not is_finite(state.clients)
     if not (diverged or budget_next or _due(stop, state)):
         return False
+    finished = _verdict(rnd, lrs, problem, stop, state, fstar, started, on_metrics, diverged, budget_next) \
+        if topology.is_root else False
+    return topology.agree(state, finished)
+
+
+def _verdict(rnd, lrs, problem, stop, state, fstar, started, on_metrics, diverged, budget_next) -> bool:
     if diverged:
         state.status = "diverged"  # the last finite metrics stay in state.last
         return True

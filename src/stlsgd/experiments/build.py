@@ -6,18 +6,21 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from stlsgd.algorithms import CRPSGD, LBSGD, STLSGD, LocalSGD, Plan, SyncSGD, first_stage_length
 from stlsgd.data import Dataset, Partition, load_dataset, make_partition, resolve_data_dir
 from stlsgd.errors import ConfigError
 from stlsgd.experiments.config import AlgorithmConfig, Experiment
 from stlsgd.problems.logistic import LogisticRegression
+from stlsgd.problems.neural import NeuralNetProblem
 
 
 @dataclass
 class Built:
     dataset: Dataset
     partition: Partition
-    problem: LogisticRegression
+    problem: LogisticRegression | NeuralNetProblem
     plan: Plan
     data_dir: Path
 
@@ -47,12 +50,39 @@ def build_plan(alg: AlgorithmConfig, *, num_samples: int, num_clients: int, lam:
                   batch=alg.batch, name=m)
 
 
+def net_problem(exp: Experiment, dataset: Dataset) -> NeuralNetProblem:
+    """A network on an image dataset (Section 5), the images standardised per channel unless disabled."""
+    from stlsgd.data import normalize_channels
+    from stlsgd.problems.nets import make_model
+
+    p = exp.problem
+    if not (isinstance(dataset.X, np.ndarray) and dataset.X.ndim == 4):
+        raise ConfigError(f"data.dataset: {dataset.name} is not an image dataset; problem.kind = 'net' needs "
+                          "(n, C, H, W) images (mnist10, cifar10, cifar10-png200)")
+    X = normalize_channels(dataset.X)[0] if p.normalise else dataset.X
+    _, channels, height, _ = X.shape
+    try:
+        model = make_model(p.model, channels, dataset.num_classes, height)
+        return NeuralNetProblem(model, X, dataset.y, device=p.device, eval_batch=p.eval_batch, momentum=p.momentum,
+                                weight_decay=p.weight_decay, name=dataset.name)
+    except ValueError as exc:
+        raise ConfigError(f"problem: {exc}") from None
+
+
 def build(exp: Experiment, data_dir: str | None = None) -> Built:
     directory = resolve_data_dir(data_dir or exp.data.data_dir)
     dataset = load_dataset(exp.data.dataset, directory)
     d = exp.data
-    partition = make_partition(dataset.y, d.num_clients, d.partition, seed=d.partition_seed, s=d.s, alpha=d.alpha)
-    problem = LogisticRegression(dataset.X, dataset.y, lam=exp.problem.lam, name=dataset.name)
+    if d.max_samples is not None and d.max_samples < dataset.n:
+        dataset = Dataset(dataset.name, dataset.X[: d.max_samples], dataset.y[: d.max_samples], dataset.num_classes)
+    try:
+        partition = make_partition(dataset.y, d.num_clients, d.partition, seed=d.partition_seed, s=d.s, alpha=d.alpha)
+    except ConfigError as err:  # make_partition names its own arguments; the user wrote them under [data]
+        raise ConfigError(f"data.{err}") from None
+    if exp.problem.kind == "net":
+        problem: LogisticRegression | NeuralNetProblem = net_problem(exp, dataset)
+    else:
+        problem = LogisticRegression(dataset.X, dataset.y, lam=exp.problem.lam, name=dataset.name)
     plan = build_plan(exp.algorithm, num_samples=dataset.n, num_clients=d.num_clients, lam=problem.lam,
                       iid_default=d.partition in ("shared", "split"))
     return Built(dataset, partition, problem, plan, directory)

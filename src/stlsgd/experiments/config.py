@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stlsgd.errors import ConfigError
 
@@ -32,11 +32,27 @@ class DataConfig(_Strict):
     s: float = Field(50.0, ge=0, le=100, description="Non-IID: percent of the data dealt IID")
     alpha: float = Field(0.5, gt=0, description="Dirichlet label-skew concentration")
     partition_seed: int = 0
+    max_samples: int | None = Field(None, ge=1, description="use only the first max_samples rows (CPU-scale runs)")
 
 
 class ProblemConfig(_Strict):
-    kind: Literal["logistic"] = "logistic"
+    """The objective: logistic regression (Eq. 8, convex) or a network on images (Section 5, non-convex)."""
+
+    kind: Literal["logistic", "net"] = "logistic"
     lam: float | None = Field(None, gt=0, description="L2 weight lambda of Eq. 8; default 1/n")
+    # kind = "net" only:
+    model: Literal["cnn", "resnet18", "vgg16"] = Field("cnn", description="network (problems/nets.py)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available")
+    eval_batch: int = Field(1024, ge=1, description="images per forward pass when evaluating")
+    normalise: bool = Field(True, description="per-channel standardisation with the training set's mean/std")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (the paper: 0)")
+    weight_decay: float = Field(0.0, ge=0, description="SGD weight decay (the paper: 0)")
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> ProblemConfig:
+        if self.kind == "net" and self.lam is not None:
+            raise ValueError("lam: only for kind = 'logistic' (a network's loss has no L2 term)")
+        return self
 
 
 class AlgorithmConfig(_Strict):
@@ -79,6 +95,13 @@ class RunConfig(_Strict):
     eval_every: int = Field(1, ge=1, description="evaluate the averaged model every this many rounds")
     eval_every_iterations: int | None = Field(None, ge=1, description="and whenever this many iterations pass")
 
+    @field_validator("target_gap", "target_accuracy", "max_iterations", "max_rounds", "eval_every_iterations",
+                     mode="before")
+    @classmethod
+    def _off(cls, value: Any) -> Any:
+        # TOML has no null: "none" or "off" switches an optional stop rule off there.
+        return None if isinstance(value, str) and value.strip().lower() in ("none", "null", "off") else value
+
 
 class Experiment(_Strict):
     name: str = "run"
@@ -86,6 +109,21 @@ class Experiment(_Strict):
     problem: ProblemConfig = ProblemConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     run: RunConfig = RunConfig()
+
+    @model_validator(mode="after")
+    def _net_protocol(self) -> Experiment:
+        # A network has no known optimum f*: its runs stop on training accuracy (Table 3), so target_gap,
+        # unless given, is unset rather than the logistic default.
+        if self.problem.kind != "net":
+            return self
+        if "target_gap" not in self.run.model_fields_set:
+            self.run.target_gap = None
+        elif self.run.target_gap is not None:
+            raise ValueError("run.target_gap: a network has no known optimum; use run.target_accuracy")
+        alg = self.algorithm
+        if alg.method == "stl_sc" and alg.T1 is None and alg.T1_epochs is None:
+            raise ValueError("algorithm.T1: give T1 or T1_epochs (eta_1 T_1 = 1/lambda needs a logistic lambda)")
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -131,11 +169,13 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], source: str = "--
 
 def read_raw(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start})") from None
     try:
         if path.suffix == ".toml":
             raw = tomllib.loads(text)
@@ -148,7 +188,8 @@ def read_raw(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # some YAML errors span lines
+        raise ConfigError(f"{path}{where}: invalid YAML ({problem})") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

@@ -1,0 +1,160 @@
+"""Atomic checkpoints of a :class:`~stlsgd.executors.simulator.RunState`, for exact resume.
+
+A run is a pure function of its plan (regenerated from the round index, see :mod:`stlsgd.algorithms.plan`)
+and of the :class:`RunState` at a round boundary: the clients' parameters, the proximal anchor x_s of
+STL-SGD^nc (Algorithm 3), the sampler's PCG64 state and the counters. Saving that state after a round and
+loading it back therefore continues Algorithms 1-3 bit for bit.
+
+On disk a checkpoint is one ``torch.save`` file holding only a dict of tensors and one JSON string, so
+:func:`load_checkpoint` reads it with ``torch.load(weights_only=True)``: loading a checkpoint never runs
+code from the file. Array-valued fields (``clients``, ``anchor``; NumPy arrays or torch tensors) go into
+the tensor dict and come back as the type they were saved as; every other field, and the caller's ``meta``,
+goes into the JSON (Python's JSON keeps the 128-bit PCG64 integers and every float exactly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from stlsgd.errors import StlsgdError
+from stlsgd.executors.simulator import RunState
+
+FORMAT = "stlsgd-checkpoint"
+VERSION = 1
+# Temporary files are named like this so a resume can clear the debris of a write cut short by a kill.
+TMP_PREFIX = ".checkpoint-"
+TMP_SUFFIX = ".tmp"
+
+
+# What the JSON side of a RunState must hold; a damaged file must fail here, not rounds later in the run.
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "clients": dict, "sampler_state": dict, "round": int, "iteration": int, "stage": int,
+    "anchor": (dict, type(None)), "bytes": int, "wall_s": (int, float), "last_eval_iteration": int,
+    "status": str, "rounds_to_target": (int, type(None)), "iterations_to_target": (int, type(None)), "last": dict,
+}
+
+
+class CheckpointError(StlsgdError):
+    """A checkpoint that cannot be read or does not fit the run (the message names the file)."""
+
+
+def _is_array_state(value: Any) -> bool:
+    """A State: a non-empty dict of arrays/tensors (as opposed to ``last``, a dict of numbers)."""
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(isinstance(v, (np.ndarray, torch.Tensor)) for v in value.values())
+    )
+
+
+def _to_tensor(value: np.ndarray | torch.Tensor) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True).contiguous()
+    # torch.from_numpy shares memory and keeps the exact bits; the copy detaches it from the live state.
+    return torch.from_numpy(np.array(value, copy=True, order="C"))
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename is only durable once the directory entry is on disk (POSIX); not all systems allow it.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(path: Path, state: RunState, meta: dict[str, Any]) -> None:
+    """Write ``state`` and the JSON-able ``meta`` to ``path`` atomically.
+
+    The bytes go to a temporary file in the same directory, are fsynced, and replace ``path`` with
+    ``os.replace``; the directory is fsynced last. A reader (or a run killed at any instant) therefore
+    sees either the previous checkpoint or the new one, never a mix.
+    """
+    path = Path(path)
+    tensors: dict[str, torch.Tensor] = {}
+    arrays: dict[str, dict[str, str]] = {}  # field -> key -> "numpy" | "torch"
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(state):
+        value = getattr(state, f.name)
+        if _is_array_state(value):
+            arrays[f.name] = {}
+            for key, arr in value.items():
+                tensors[f"{f.name}/{key}"] = _to_tensor(arr)
+                arrays[f.name][key] = "torch" if isinstance(arr, torch.Tensor) else "numpy"
+        else:
+            fields[f.name] = value
+    header = {"format": FORMAT, "version": VERSION, "arrays": arrays, "fields": fields, "meta": meta}
+    try:
+        payload = {"json": json.dumps(header, allow_nan=True), "tensors": tensors}
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"checkpoint state/meta must be arrays or JSON values: {err}") from None
+    directory = path.parent
+    fd, tmp_name = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=TMP_SUFFIX, dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(payload, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _fsync_dir(directory)
+
+
+def load_checkpoint(path: Path) -> tuple[RunState, dict[str, Any]]:
+    """Read a checkpoint written by :func:`save_checkpoint`: (the RunState, the meta dict).
+
+    NumPy arrays come back as writable NumPy arrays and tensors as CPU tensors (move them to a device
+    yourself). Any unreadable or foreign file raises :class:`CheckpointError` naming ``path``.
+    """
+    path = Path(path)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no checkpoint") from None
+    except Exception as err:  # torch/pickle raise a zoo of types for a damaged file; all mean "unreadable"
+        first = (str(err).strip().splitlines() or [""])[0][:160]
+        raise CheckpointError(
+            f"{path}: unreadable checkpoint ({type(err).__name__}: {first}); delete it to start the run afresh"
+        ) from None
+    try:
+        header = json.loads(payload["json"])
+        if header.get("format") != FORMAT:
+            raise ValueError("not an stlsgd checkpoint")
+        if header.get("version") != VERSION:
+            raise ValueError(f"checkpoint version {header.get('version')}, this stlsgd reads {VERSION}")
+        tensors: dict[str, torch.Tensor] = payload["tensors"]
+        values: dict[str, Any] = dict(header["fields"])
+        for name, kinds in header["arrays"].items():
+            values[name] = {
+                key: tensors[f"{name}/{key}"] if kind == "torch" else tensors[f"{name}/{key}"].numpy()
+                for key, kind in kinds.items()
+            }
+        known = {f.name for f in dataclasses.fields(RunState)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown fields {sorted(unknown)}")
+        for name, kinds in _FIELD_TYPES.items():
+            if name in values and not isinstance(values[name], kinds):
+                raise TypeError(f"field {name} is {type(values[name]).__name__}")
+        if not isinstance(header["meta"], dict):
+            raise TypeError("meta is not a table")
+        state = RunState(**values)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        first = (str(err).strip().splitlines() or [""])[0][:160]
+        raise CheckpointError(f"{path}: not a valid stlsgd checkpoint ({type(err).__name__}: {first})") from None
+    return state, header["meta"]

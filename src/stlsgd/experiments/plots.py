@@ -1,0 +1,61 @@
+"""Figures of the paper's kind: one panel per table column, one curve per method, log-scale y.
+
+Figure 1 (and Figure 2 for the nets) plots the objective gap f(x) - f* (training loss when f* is unknown)
+against communication rounds; the appendix figures plot it against epochs (samples processed by all clients
+divided by the training-set size n). Matplotlib runs headless (Agg).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+
+@dataclass
+class Curve:
+    label: str
+    x: list[float]
+    y: list[float]
+
+
+@dataclass
+class Panel:
+    title: str
+    ylabel: str
+    curves: list[Curve] = field(default_factory=list)
+    target: float | None = None
+
+
+def panels_figure(panels: list[Panel], xlabel: str, path: Path, *, log_x: bool = False) -> Path:
+    """Write one PNG with a row of panels; curves with no positive value are left out of a log axis."""
+    n = max(len(panels), 1)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for curve in panel.curves:
+            points = [(x, y) for x, y in zip(curve.x, curve.y) if y is not None and math.isfinite(y) and y > 0]
+            if log_x:
+                points = [(x, y) for x, y in points if x > 0]
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, label=curve.label, linewidth=1.3)
+        if panel.target is not None:
+            ax.axhline(panel.target, color="grey", linestyle=":", linewidth=1)
+        ax.set_yscale("log")
+        if log_x:
+            ax.set_xscale("log")
+        ax.set_title(panel.title, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(panel.ylabel)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,233 @@
+"""Tables and figures from finished sweeps, in the paper's layout (Table 2 / Figure 1, Table 3 / Figure 2).
+
+``stlsgd report DIR [DIR ...] [--out OUTDIR] [--prefix NAME]`` reads each sweep directory's ``best.json`` and
+the metrics of each row's best run (``DIR/runs/<key>/metrics.jsonl``) and writes:
+
+- ``NAME.md`` and ``NAME.csv``: methods as rows, one column per sweep; each cell the median rounds to target
+  over the seeds, their range, and the speedup against the SyncSGD row (median SyncSGD rounds / median
+  rounds), as the paper's Tables 2 and 3;
+- ``NAME_rounds.png``: the objective gap (training loss when the optimum is unknown) against rounds, one
+  panel per sweep, the best setting of each method (Figures 1 and 2);
+- ``NAME_epochs.png``: the same against epochs, samples processed by all clients / n (appendix figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from stlsgd.errors import StlsgdError
+from stlsgd.experiments.plots import Curve, Panel, panels_figure
+from stlsgd.experiments.sweep import BEST, read_results
+
+BASELINE_METHOD = "sync_sgd"
+
+
+def load_sweep_dir(directory: Path) -> dict[str, Any]:
+    path = directory / BEST
+    try:
+        best = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StlsgdError(f"{path}: not found (run `stlsgd sweep` into {directory} first)") from None
+    except json.JSONDecodeError as exc:
+        raise StlsgdError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    best["_dir"] = directory
+    return best
+
+
+def _baseline(sweep: dict[str, Any]) -> float | None:
+    for info in sweep["methods"].values():
+        if info.get("method") == BASELINE_METHOD and info.get("median") is not None:
+            return float(info["median"])
+    return None
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}" if x != int(x) else str(int(x))
+
+
+def table_rows(sweeps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (label, sweep): median/min/max rounds over the seeds and the speedup vs SyncSGD."""
+    rows = []
+    for sweep in sweeps:
+        base = _baseline(sweep)
+        for label, info in sweep["methods"].items():
+            median = info.get("median")
+            rows.append({
+                "label": label,
+                "sweep": sweep["sweep"],
+                "median_rounds": median,
+                "min_rounds": info.get("min"),
+                "max_rounds": info.get("max"),
+                "seeds_reached": info.get("seeds_reached", 0),
+                "seeds": len(sweep.get("seeds", [])),
+                "speedup": (base / median) if (base and median) else None,
+                "settings": info.get("settings"),
+                "eval_every": info.get("eval_every"),
+            })
+    return rows
+
+
+def _labels(sweeps: list[dict[str, Any]]) -> list[str]:
+    labels: list[str] = []
+    for sweep in sweeps:
+        labels += [label for label in sweep["labels"] if label not in labels]
+    return labels
+
+
+def _cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return ""
+    if row["median_rounds"] is None:
+        return "— (not reached)"
+    text = _fmt(row["median_rounds"])
+    if row["min_rounds"] != row["max_rounds"]:
+        text += f" [{row['min_rounds']}–{row['max_rounds']}]"
+    if row["seeds_reached"] < row["seeds"]:
+        text += f" ({row['seeds_reached']}/{row['seeds']} seeds)"
+    if row["speedup"] is not None:
+        text += f" ({row['speedup']:.1f}×)"
+    return text
+
+
+def markdown(sweeps: list[dict[str, Any]]) -> str:
+    rows = table_rows(sweeps)
+    names = [s["sweep"] for s in sweeps]
+    by_key = {(r["label"], r["sweep"]): r for r in rows}
+    target = _target_text(sweeps)
+    unfinished = [s["sweep"] for s in sweeps if not s.get("complete", True)]
+    lines = [
+        f"Communication rounds to reach {target}: median over seeds {_seed_text(sweeps)} [range] "
+        f"(speedup vs SyncSGD = median SyncSGD rounds / median rounds).",
+        "",
+        "| Algorithms | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for label in _labels(sweeps):
+        lines.append(f"| {label} | " + " | ".join(_cell(by_key.get((label, n))) for n in names) + " |")
+    if unfinished:
+        lines += ["", f"Incomplete sweeps (stopped before every grid run and seed rerun was done; the figures are "
+                      f"the best of the runs finished so far): {', '.join(unfinished)}."]
+    lines += ["", "Chosen settings (the grid setting with the fewest rounds at seed 0; "
+              "rounds are measured every `eval_every` rounds):", "",
+              "| Algorithms | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for label in _labels(sweeps):
+        cells = []
+        for n in names:
+            row = by_key.get((label, n))
+            if row is None or row["settings"] is None:
+                cells.append("" if row is None else "—")
+            else:
+                cells.append(", ".join(f"{k}={v}" for k, v in row["settings"].items()) +
+                             f" (eval every {row['eval_every']})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", "Grid runs per row (reached / pruned / budget / diverged / failed, of the settings in the grid):", "",
+              "| Algorithms | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for label in _labels(sweeps):
+        cells = []
+        for sweep in sweeps:
+            tried = sweep["methods"].get(label, {}).get("tried")
+            cells.append("" if not tried else " / ".join(str(tried.get(s, 0)) for s in
+                                                        ("reached", "pruned", "budget", "diverged", "failed"))
+                         + (f" of {tried['planned']}" if "planned" in tried else ""))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _target_text(sweeps: list[dict[str, Any]]) -> str:
+    gaps = {s.get("target_gap") for s in sweeps if s.get("target_gap") is not None}
+    accs = {s.get("target_accuracy") for s in sweeps if s.get("target_accuracy") is not None}
+    parts = [f"objective gap {g:g}" for g in sorted(gaps)] + [f"training accuracy {a:g}" for a in sorted(accs)]
+    return " / ".join(parts) or "the target"
+
+
+def _seed_text(sweeps: list[dict[str, Any]]) -> str:
+    seeds = sorted({tuple(s.get("seeds", [])) for s in sweeps})
+    return " / ".join("{" + ", ".join(map(str, s)) + "}" for s in seeds)
+
+
+def write_csv(sweeps: list[dict[str, Any]], path: Path) -> None:
+    rows = table_rows(sweeps)
+    fields = ["label", "sweep", "median_rounds", "min_rounds", "max_rounds", "seeds_reached", "seeds", "speedup",
+              "eval_every", "settings"]
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "settings": json.dumps(row["settings"]) if row["settings"] else ""})
+
+
+def _metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
+    panels = []
+    for sweep in sweeps:
+        has_gap = sweep.get("target_gap") is not None
+        panel = Panel(sweep["sweep"], "objective gap f(x) - f*" if has_gap else "training loss",
+                      target=sweep.get("target_gap") if has_gap else None)
+        for label, info in sweep["methods"].items():
+            if not info.get("run_dir"):
+                continue
+            rows = _metrics(sweep["_dir"] / info["run_dir"] / "metrics.jsonl")
+            if not rows:
+                continue
+            y_key = "gap" if has_gap and rows[0].get("gap") is not None else "objective"
+            xs = [_x(r, x_key, sweep) for r in rows]
+            panel.curves.append(Curve(label, xs, [r.get(y_key) for r in rows]))
+        panels.append(panel)
+    return panels
+
+
+def _x(row: dict[str, Any], key: str, sweep: dict[str, Any]) -> float:
+    if key == "round":
+        return float(row["round"])
+    if "epochs" in row:
+        return float(row["epochs"])
+    # Runs written without a sample count: every round so far had this round's batch.
+    return row["iteration"] * row["batch"] * sweep["num_clients"] / sweep["num_samples"]
+
+
+def write_report(dirs: list[Path], out: Path, prefix: str = "table") -> list[Path]:
+    """Write NAME.md, NAME.csv, NAME_rounds.png and NAME_epochs.png; returns their paths."""
+    if not dirs:
+        raise StlsgdError("report: give at least one sweep directory")
+    sweeps = [load_sweep_dir(Path(d)) for d in dirs]
+    for sweep in sweeps:
+        if not read_results(sweep["_dir"] / "results.jsonl"):
+            raise StlsgdError(f"{sweep['_dir'] / 'results.jsonl'}: no results")
+    out.mkdir(parents=True, exist_ok=True)
+    md, csv_path = out / f"{prefix}.md", out / f"{prefix}.csv"
+    md.write_text(markdown(sweeps))
+    write_csv(sweeps, csv_path)
+    rounds = panels_figure(_panels(sweeps, "round"), "communication rounds", out / f"{prefix}_rounds.png", log_x=True)
+    epochs = panels_figure(_panels(sweeps, "epochs"), "epochs (samples by all clients / n)",
+                           out / f"{prefix}_epochs.png", log_x=True)
+    return [md, csv_path, rounds, epochs]
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    for path in write_report([Path(d) for d in args.dirs], Path(args.out), args.prefix):
+        print(path)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``stlsgd report DIR [DIR ...] [--out OUTDIR] [--prefix NAME]``."""
+    p = subparsers.add_parser("report", help="tables (Markdown, CSV) and figures (PNG) from sweep directories")
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="sweep output directories (with best.json), one per column")
+    p.add_argument("--out", default="report", help="output directory (default ./report)")
+    p.add_argument("--prefix", default="table", help="file name prefix (default: table)")
+    p.set_defaults(func=_cmd_report)

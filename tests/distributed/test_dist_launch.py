@@ -1,0 +1,216 @@
+"""The torch.distributed executor under real launches (gloo, loopback only), checked against the simulator.
+
+- 4 ranks from one ``torchrun``: three configs (uneven clients per rank, STL-SGD^nc's proximal term, a
+  target reached mid-stage, Local SGD with mini-batches, lr decay and an iteration-based evaluation
+  schedule) end with the simulator's round counts, metrics and parameters;
+- a rank SIGKILLed mid-run makes the others exit non-zero with a clear message (not hang), and the run
+  resumes from rank 0's checkpoint on two ``torchrun`` "nodes" rendezvousing over 127.0.0.1 -- a different
+  number of ranks -- and ends where the uninterrupted simulator run ends;
+- the drop-in example trains under ``torchrun --nproc_per_node=2`` and ends with identical models.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+from dist_helpers import PYTHON, REPO, TORCHRUN, free_port, launch_env
+
+from stlsgd.experiments.config import load_config
+from stlsgd.experiments.runner import run_experiment
+
+CONFIGS = {
+    # 6 clients on 4 ranks (2, 2, 1, 1); Algorithm 3 with its anchor reset every stage; a budget stop.
+    "nc_uneven": """
+        name = "nc_uneven"
+        [data]
+        dataset = "digits49"
+        num_clients = 6
+        [algorithm]
+        method = "stl_nc"
+        lr = 0.5
+        k = 2
+        T1 = 40
+        gamma = 5.0
+        [run]
+        seed = 3
+        target_gap = 1e-3
+        max_rounds = 60
+    """,
+    # Algorithm 2 reaching its target: both executors must stop after the same round.
+    "sc_target": """
+        name = "sc_target"
+        [data]
+        dataset = "digits49"
+        num_clients = 8
+        [algorithm]
+        method = "stl_sc"
+        lr = 0.8
+        k = 4
+        [run]
+        seed = 1
+        target_gap = 1e-3
+        max_rounds = 400
+    """,
+    # Local SGD on a Non-IID split with mini-batches, lr decay and evaluations every 4 rounds or 50 steps.
+    "local_noniid": """
+        name = "local_noniid"
+        [data]
+        dataset = "digits49"
+        num_clients = 5
+        partition = "noniid"
+        [algorithm]
+        method = "local_sgd"
+        lr = 0.5
+        lr_decay = 0.01
+        k = 5
+        batch = 4
+        [run]
+        seed = 2
+        target_gap = 1e-6
+        max_iterations = 600
+        eval_every = 4
+        eval_every_iterations = 50
+    """,
+    # Long enough to be killed in the middle: 12 clients, 800 rounds of 20 local steps.
+    "long": """
+        name = "long"
+        [data]
+        dataset = "digits49"
+        num_clients = 12
+        [algorithm]
+        method = "local_sgd"
+        lr = 0.05
+        k = 20
+        batch = 2
+        [run]
+        seed = 4
+        target_gap = 1e-9
+        max_rounds = 800
+        eval_every = 10
+    """,
+}
+
+
+def _write_config(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text("\n".join(line.strip() for line in CONFIGS[name].splitlines()) + "\n")
+    return path
+
+
+def _simulate(config: Path, out: Path) -> dict:
+    return run_experiment(load_config(config), out, progress=False)
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _assert_same_run(dist_out: Path, sim_out: Path) -> None:
+    """Same stop, same evaluations, same parameters (to float tolerance: the sums run in another order)."""
+    d, s = json.loads((dist_out / "summary.json").read_text()), json.loads((sim_out / "summary.json").read_text())
+    for key in ("status", "rounds", "iterations", "stages", "rounds_to_target", "iterations_to_target", "bytes"):
+        assert d[key] == s[key], (dist_out.name, key, d[key], s[key])
+    assert d["backend"]["executor"] == "dist"
+    dm, sm = _lines(dist_out / "metrics.jsonl"), _lines(sim_out / "metrics.jsonl")
+    assert [m["round"] for m in dm] == [m["round"] for m in sm]
+    np.testing.assert_allclose([m["objective"] for m in dm], [m["objective"] for m in sm], rtol=1e-11)
+    with np.load(dist_out / "final_params.npz") as dp, np.load(sim_out / "final_params.npz") as sp:
+        assert dp.files == sp.files
+        for key in dp.files:
+            np.testing.assert_allclose(dp[key], sp[key], rtol=1e-10, atol=1e-13)
+
+
+def _run(cmd: list, timeout: float, **kw) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(c) for c in cmd], cwd=REPO, env=launch_env(), capture_output=True, text=True,
+                            timeout=timeout, **kw)
+    assert result.returncode == 0, f"{cmd}\nstdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
+    return result
+
+
+def test_four_torchrun_ranks_match_the_simulator(tmp_path: Path) -> None:
+    names = ["nc_uneven", "sc_target", "local_noniid"]
+    configs = [_write_config(tmp_path, n) for n in names]
+    _run([TORCHRUN, "--nproc_per_node=4", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+          REPO / "tests" / "distributed" / "dist_worker.py", tmp_path / "dist", *configs], timeout=240)
+    for name, config in zip(names, configs):
+        _simulate(config, tmp_path / "sim" / name)
+        _assert_same_run(tmp_path / "dist" / name, tmp_path / "sim" / name)
+    assert json.loads((tmp_path / "dist" / "sc_target" / "summary.json").read_text())["status"] == "reached"
+
+
+def test_killed_rank_stops_the_others_and_the_run_resumes_on_two_nodes(tmp_path: Path) -> None:
+    config = _write_config(tmp_path, "long")
+    out = tmp_path / "dist"
+    port = free_port()
+    # Ranks started directly (no torchrun agent to clean up after them): the survivors must notice by themselves.
+    ranks = [
+        subprocess.Popen(
+            [PYTHON, "-m", "stlsgd", "run", str(config), "--backend", "dist", "--quiet", "--out", str(out),
+             "--checkpoint-every", "50"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=launch_env(RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port), STLSGD_DIST_TIMEOUT="20"),
+        )
+        for r in range(3)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoint").is_file():
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            assert all(p.poll() is None for p in ranks), [p.communicate() for p in ranks]
+            time.sleep(0.05)
+        ranks[2].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        outcomes = [p.communicate(timeout=60) for p in ranks[:2]]
+        elapsed = time.monotonic() - killed_at
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+    assert elapsed < 60
+    for rank, (p, (_, err)) in enumerate(zip(ranks, outcomes)):
+        assert p.returncode == 2, (rank, p.returncode, err[-2000:])
+        assert f"stlsgd: error: rank {rank} of 3: lost the process group after round" in err, err[-2000:]
+        assert "--resume" in err
+    assert not (out / "summary.json").exists(), "the run finished before the kill; make it longer"
+
+    # Resume on two torchrun "nodes" (one rank each) over loopback: 12 clients now split 6 + 6.
+    port = free_port()
+    nodes = [
+        subprocess.Popen(
+            [TORCHRUN, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={n}", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=resume", "-m", "stlsgd", "run", str(config),
+             "--backend", "dist", "--quiet", "--out", str(out), "--resume"],
+            cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for n in range(2)
+    ]
+    try:
+        outcomes = [p.communicate(timeout=240) for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+    for n, (p, (stdout, err)) in enumerate(zip(nodes, outcomes)):
+        assert p.returncode == 0, (n, stdout[-2000:], err[-3000:])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["backend"]["world_size"] == 2
+    _simulate(config, tmp_path / "sim")
+    _assert_same_run(out, tmp_path / "sim")
+
+
+def test_dropin_example_trains_under_torchrun(tmp_path: Path, shared_data: Path) -> None:
+    result = _run([TORCHRUN, "--nproc_per_node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                   REPO / "examples" / "train_cnn.py", "--data-dir", shared_data, "--steps", "60", "--T1", "20",
+                   "--train-size", "4000"], timeout=240)
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("MNIST: 2 processes, 60 steps"), result.stdout
+    assert last.endswith("models identical on all processes: True"), last
+    accuracy = float(last.split("held-out accuracy ")[1].split(",")[0])
+    assert accuracy > 0.5, last  # 10 classes: chance is 0.1
+

@@ -1,0 +1,132 @@
+"""End to end: `stlsgd sweep` on a small grid (digits 4 vs 9), then `stlsgd report` on its directory."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from stlsgd.cli import main
+from stlsgd.experiments.sweep import load_sweep, read_results
+
+SWEEP = """
+name = "ci_small"
+seeds = [0, 1]
+
+[base.data]
+dataset = "digits49"
+num_clients = 8
+partition = "shared"
+
+[base.run]
+target_gap = 1e-3
+max_rounds = 3000
+
+[[methods]]
+method = "sync_sgd"
+label = "SyncSGD"
+grid = { lr = [0.8, 0.4], lr_decay = [1e-3] }
+fixed = { "run.eval_every" = 5 }
+
+[[methods]]
+method = "local_sgd"
+label = "Local SGD"
+# The first setting is good; the tiny learning rates need far more rounds, so pruning must stop them.
+grid = { lr = [0.8, 0.002, 0.001, 0.0005, 0.0002], k = [20] }
+
+[[methods]]
+method = "stl_sc"
+label = "STL-SGD^sc"
+grid = { lr = [0.8], k = [20, 10] }
+"""
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
+    root = tmp_path_factory.mktemp("sweep")
+    config = root / "small.toml"
+    config.write_text(SWEEP)
+    out = root / "out"
+    rc = main(["sweep", str(config), "--out", str(out), "--jobs", "2", "--quiet"])
+    return config, out, rc
+
+
+def test_sweep_writes_results_and_best(swept: tuple[Path, Path, int]) -> None:
+    config, out, rc = swept
+    assert rc == 0
+    records = read_results(out / "results.jsonl")
+    grid = [r for r in records if r["phase"] == "grid"]
+    sweep = load_sweep(config)
+    assert {(r["label"], r["key"]) for r in grid} == {(s.label, s.key) for s in sweep.grid}
+    best = json.loads((out / "best.json").read_text())
+    for label in sweep.labels:
+        reached = [r for r in grid if r["label"] == label and r["status"] == "reached"]
+        assert reached, label
+        fewest = min(r["rounds_to_target"] for r in reached)
+        chosen = best["methods"][label]
+        winner = next(r for r in reached if r["settings"] == chosen["settings"])
+        assert winner["rounds_to_target"] == fewest
+        # The best setting was rerun with the other seed; median and range cover both.
+        seeds = chosen["seeds"]
+        assert set(seeds) == {"0", "1"}
+        rounds = [v["rounds_to_target"] for v in seeds.values() if v["status"] == "reached"]
+        assert chosen["min"] == min(rounds) and chosen["max"] == max(rounds)
+        for v in seeds.values():
+            assert (out / v["run_dir"] / "metrics.jsonl").is_file()
+    # SyncSGD evaluates every 5 rounds, so its round counts are multiples of 5.
+    assert all(r["rounds_to_target"] % 5 == 0 for r in records if r["label"] == "SyncSGD" and r["status"] == "reached")
+
+
+def test_hopeless_runs_are_pruned_not_failed(swept: tuple[Path, Path, int]) -> None:
+    _, out, _ = swept
+    records = read_results(out / "results.jsonl")
+    local = [r for r in records if r["label"] == "Local SGD" and r["phase"] == "grid"]
+    best = min(r["rounds_to_target"] for r in local if r["status"] == "reached")
+    pruned = [r for r in local if r["status"] == "pruned"]
+    assert pruned, [r["status"] for r in local]
+    assert all(r["rounds"] > best and r["rounds"] < 3000 for r in pruned)
+    assert not any(r["status"] == "failed" for r in records)
+
+
+def test_rerun_skips_finished_runs(swept: tuple[Path, Path, int], capsys: pytest.CaptureFixture[str]) -> None:
+    config, out, _ = swept
+    before = (out / "results.jsonl").read_text()
+    assert main(["sweep", str(config), "--out", str(out), "--jobs", "2"]) == 0
+    assert (out / "results.jsonl").read_text() == before
+    assert "[1]" not in capsys.readouterr().out  # no run line: nothing ran again
+
+
+def test_report_writes_table_and_figures(swept: tuple[Path, Path, int], tmp_path: Path) -> None:
+    _, out, _ = swept
+    assert main(["report", str(out), "--out", str(tmp_path), "--prefix", "t2"]) == 0
+    best = json.loads((out / "best.json").read_text())
+    md = (tmp_path / "t2.md").read_text()
+    for label, info in best["methods"].items():
+        assert f"| {label} |" in md
+    rows = list(csv.DictReader(open(tmp_path / "t2.csv")))
+    by_label = {r["label"]: r for r in rows}
+    sync = float(by_label["SyncSGD"]["median_rounds"])
+    assert float(by_label["SyncSGD"]["speedup"]) == pytest.approx(1.0)
+    for label, info in best["methods"].items():
+        assert float(by_label[label]["median_rounds"]) == info["median"]
+        assert float(by_label[label]["speedup"]) == pytest.approx(sync / info["median"])
+    for name in ("t2_rounds.png", "t2_epochs.png"):
+        with Image.open(tmp_path / name) as img:
+            assert img.format == "PNG" and img.size[0] > 100
+
+
+def test_bad_grid_value_names_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(SWEEP.replace("lr = [0.8, 0.4]", "lr = [0.8, -1]"))
+    assert main(["sweep", str(config), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(config) in err and "algorithm.lr" in err and "lr=-1" in err
+    assert not (tmp_path / "o" / "results.jsonl").exists()
+
+
+def test_report_without_sweep_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+    assert "best.json" in capsys.readouterr().err
