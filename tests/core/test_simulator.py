@@ -108,3 +108,16 @@ def test_sampler_is_uniform_over_each_clients_rows(digits):
         counts = np.bincount(rows[:, c, 0], minlength=ds.n)[own]
         assert set(np.unique(rows[:, c, 0])) == set(own)
         assert counts.std() / counts.mean() < 0.2
+
+
+def test_long_rounds_are_stepped_in_slices_with_the_same_samples(digits, monkeypatch):
+    import stlsgd.executors.simulator as simulator
+
+    ds, problem = digits
+    partition = make_partition(ds.y, 4, "split", seed=0)
+    plan = LocalSGD(lr=0.3, k=50)
+    whole, _ = simulate(problem, partition, plan, StopRule(max_rounds=3))
+    monkeypatch.setattr(simulator, "SAMPLES_PER_CHUNK", 4 * 7)  # 7 steps a slice: 50 = 7 * 7 + 1
+    sliced, _ = simulate(problem, partition, plan, StopRule(max_rounds=3))
+    assert whole.sampler_state == sliced.sampler_state  # exactly the same draws were consumed
+    np.testing.assert_allclose(sliced.clients["w"], whole.clients["w"], rtol=1e-12)

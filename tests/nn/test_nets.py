@@ -28,6 +28,8 @@ def test_resnet18_has_3x3_stem_and_no_maxpool() -> None:
 
 def test_small_cnn_on_mnist_and_cifar_shapes() -> None:
     assert SmallCNN()(torch.randn(4, 1, 28, 28)).shape == (4, 10)
+    assert num_parameters(SmallCNN()) == 9_250  # 200 + 16 + 1152 + 32 conv/BN, 16*7*7*10 + 10 linear
+    assert not any(isinstance(m, torch.nn.MaxPool2d) for m in SmallCNN().modules())
     assert make_model("cnn", 3, 10, 32)(torch.randn(1, 3, 32, 32)).shape == (1, 10)
 
 

@@ -52,6 +52,9 @@ class RunState:
     last: dict[str, Any] = field(default_factory=dict)
 
 
+# Sample ids drawn at once (8 MiB of int64): bounds memory whatever a round's length.
+SAMPLES_PER_CHUNK = 1 << 20
+
 # An on_round callback may return a status string (e.g. "pruned") to end the run there; None goes on.
 Callback = Callable[[RunState, Round], "str | None"]
 
@@ -123,9 +126,14 @@ def run(
             if rnd.new_anchor or (rnd.prox_gamma is not None and state.anchor is None):
                 state.anchor = copy_state({k: v[:1] for k, v in state.clients.items()})
             prox = None if rnd.prox_gamma is None else (1.0 / rnd.prox_gamma, state.anchor)
-            rows = sampler.draw(rnd.steps, rnd.batch)[:, topology.clients]
             lrs = rnd.learning_rates()
-            problem.local_steps(state.clients, rows, lrs, prox)
+            # Late STL-SGD stages have rounds of 10^5-10^7 local steps: draw and step them in slices so the
+            # sample matrix stays small. The generator fills draws in order, so slicing changes no sample.
+            chunk = max(1, SAMPLES_PER_CHUNK // (n_clients * rnd.batch))
+            for first in range(0, rnd.steps, chunk):
+                steps = min(chunk, rnd.steps - first)
+                rows = sampler.draw(steps, rnd.batch)[:, topology.clients]
+                problem.local_steps(state.clients, rows, lrs[first : first + steps], prox)
             topology.average(state.clients)
             state.round = rnd.index + 1
             state.iteration = rnd.end_iteration

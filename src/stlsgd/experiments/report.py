@@ -179,9 +179,12 @@ def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
         panel = Panel(sweep["sweep"], "objective gap f(x) - f*" if has_gap else "training loss",
                       target=sweep.get("target_gap") if has_gap else None)
         for label, info in sweep["methods"].items():
-            if not info.get("run_dir"):
+            run_dir = info.get("run_dir") or (info.get("closest") or {}).get("run_dir")
+            if not run_dir:
                 continue
-            rows = _metrics(sweep["_dir"] / info["run_dir"] / "metrics.jsonl")
+            if not info.get("run_dir"):
+                label = f"{label} (closest, not reached)"
+            rows = _metrics(sweep["_dir"] / run_dir / "metrics.jsonl")
             if not rows:
                 continue
             y_key = "gap" if has_gap and rows[0].get("gap") is not None else "objective"

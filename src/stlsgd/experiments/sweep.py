@@ -429,7 +429,16 @@ def summarize_best(sweep: Sweep, records: list[dict[str, Any]]) -> dict[str, Any
         counts = {s: sum(r["status"] == s for r in tried) for s in ("reached", "pruned", "budget", "diverged", "failed")}
         counts["planned"] = sum(s.label == label for s in sweep.grid)
         if best is None:
-            methods[label] = {"method": next((r["method"] for r in tried), None), "settings": None, "tried": counts}
+            # No setting reached the target: keep the closest run (lowest final gap, else loss) for the figures.
+            scored = [r for r in tried if (r["final_gap"] if r["final_gap"] is not None else r["final_objective"])
+                      is not None]
+            closest = min(scored, key=lambda r: r["final_gap"] if r["final_gap"] is not None else r["final_objective"],
+                          default=None)
+            methods[label] = {"method": next((r["method"] for r in tried), None), "settings": None, "tried": counts,
+                              "closest": None if closest is None else {
+                                  "settings": closest["settings"], "status": closest["status"],
+                                  "rounds": closest["rounds"], "final_gap": closest["final_gap"],
+                                  "final_objective": closest["final_objective"], "run_dir": closest["run_dir"]}}
             continue
         runs: dict[str, Any] = {}
         for seed in sweep.seeds:
