@@ -98,3 +98,9 @@ def test_rounds_resume_from_any_index():
     plan = STLSGD(lr=1.0, T1=7, k1=2, iid=False)
     every = take(plan, 30)
     assert list(itertools.islice(plan.rounds(start=13), 17)) == every[13:]
+
+
+def test_cr_psgd_stays_capped_far_past_float_range():
+    plan = CRPSGD(lr=1.0, rho=1.1, batch=1, max_batch=512)
+    assert next(plan.rounds(start=20_000)).batch == 512  # 1.1**20000 overflows a float
+    assert [r.batch for r in take(plan, 70)][64:] == [445, 490, 512, 512, 512, 512]  # floor(1.1^64), floor(1.1^65), cap

@@ -65,7 +65,9 @@ class CRPSGD(Plan):
         index, seen, size = 0, 0, float(self.batch)
         while True:
             if self.grow == "step":
-                b = min(int(math.floor(self.batch * self.rho**index + 1e-9)), self.max_batch)
+                # Compare exponents first: rho**index overflows a float long after the cap is reached.
+                capped = index * math.log(self.rho) >= math.log(self.max_batch / self.batch)
+                b = self.max_batch if capped else min(int(math.floor(self.batch * self.rho**index + 1e-9)), self.max_batch)
             else:
                 b = min(int(math.floor(size + 1e-9)), self.max_batch)
             b = max(b, 1)

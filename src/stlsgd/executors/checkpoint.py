@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from stlsgd.atomic import atomic_write
 from stlsgd.errors import StlsgdError
 from stlsgd.executors.simulator import RunState
 
@@ -62,20 +61,6 @@ def _to_tensor(value: np.ndarray | torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.array(value, copy=True, order="C"))
 
 
-def _fsync_dir(directory: Path) -> None:
-    # The rename is only durable once the directory entry is on disk (POSIX); not all systems allow it.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(path: Path, state: RunState, meta: dict[str, Any]) -> None:
     """Write ``state`` and the JSON-able ``meta`` to ``path`` atomically.
 
@@ -101,18 +86,7 @@ def save_checkpoint(path: Path, state: RunState, meta: dict[str, Any]) -> None:
         payload = {"json": json.dumps(header, allow_nan=True), "tensors": tensors}
     except (TypeError, ValueError) as err:
         raise TypeError(f"checkpoint state/meta must be arrays or JSON values: {err}") from None
-    directory = path.parent
-    fd, tmp_name = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=TMP_SUFFIX, dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(payload, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    _fsync_dir(directory)
+    atomic_write(path, lambda fh: torch.save(payload, fh), mode="wb", prefix=TMP_PREFIX, suffix=TMP_SUFFIX)
 
 
 def load_checkpoint(path: Path) -> tuple[RunState, dict[str, Any]]:

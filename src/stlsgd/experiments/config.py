@@ -212,4 +212,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
 
 
 def dump_config(exp: Experiment, path: Path) -> None:
-    path.write_text(yaml.safe_dump(exp.to_dict(), sort_keys=False))
+    """Save the resolved config, atomically: a half-written config.yaml would look like another run's."""
+    from stlsgd.atomic import atomic_write
+
+    atomic_write(path, lambda fh: fh.write(yaml.safe_dump(exp.to_dict(), sort_keys=False)))

@@ -22,15 +22,14 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import platformdirs
 
+from stlsgd.atomic import atomic_write
 from stlsgd.errors import ConfigError, StlsgdError
 from stlsgd.executors.checkpoint import TMP_PREFIX, TMP_SUFFIX, CheckpointError, load_checkpoint, save_checkpoint
 from stlsgd.executors.sampling import Sampler
@@ -105,33 +104,12 @@ def _mkdir(out: Path) -> None:
         raise StlsgdError(f"{out}: cannot create the output directory ({err.strerror or err})") from None
 
 
-def _atomic_write(path: Path, write: Callable[[Any], None], mode: str = "w") -> None:
-    """Write via a temporary file in the same directory + fsync + rename: readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode) as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _write_config(exp: Experiment, path: Path) -> None:
-    # Atomic: a half-written config.yaml would make the next run in this directory look like another run's.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    dump_config(exp, tmp)
-    os.replace(tmp, path)
-
-
 def write_json_atomic(path: Path, obj: Any) -> None:
     def write(fh: Any) -> None:
         json.dump(obj, fh, indent=2)
         fh.write("\n")
 
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 
 def write_final_params(path: Path, clients: State) -> None:
@@ -140,7 +118,7 @@ def write_final_params(path: Path, clients: State) -> None:
         key: (value[0] if isinstance(value, np.ndarray) else value[0].detach().cpu().numpy())
         for key, value in clients.items()
     }
-    _atomic_write(path, lambda fh: np.savez(fh, **arrays), mode="wb")
+    atomic_write(path, lambda fh: np.savez(fh, **arrays), mode="wb")
 
 
 def read_final_params(path: Path) -> dict[str, np.ndarray]:
@@ -278,7 +256,7 @@ def run_experiment(
         for name in RESULT_FILES:  # the outputs of the run this one replaces (same config, or --overwrite)
             if name != METRICS_FILE:
                 (out / name).unlink(missing_ok=True)
-        _write_config(exp, out / CONFIG_FILE)
+        dump_config(exp, out / CONFIG_FILE)
         sampler = Sampler(built.partition, exp.run.seed)
         state = init_run_state(built.problem, sampler, exp.data.num_clients, exp.run.seed)
         metrics = MetricsLog(out / METRICS_FILE)
