@@ -84,3 +84,19 @@ def test_evaluate_reports_objective_and_accuracy():
     expected = np.mean(np.log1p(np.exp(-Y * (X @ [1.0, -1.0])))) + 0.05 * 2
     assert ev.objective == pytest.approx(expected, rel=1e-14)
     assert ev.accuracy == 0.5  # margins y * x^T w = [-1, +1]: one of two rows right
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    import numba
+
+    rng = np.random.default_rng(2)
+    problem = LogisticRegression(sp.csr_matrix(rng.random((40, 5))), np.where(rng.random(40) < 0.5, 1.0, -1.0))
+    rows, lrs = rng.integers(0, 40, size=(30, 7, 1)), np.full(30, 0.5)
+    results = []
+    for threads in (1, numba.config.NUMBA_NUM_THREADS):
+        numba.set_num_threads(threads)
+        state = problem.init_state(7)
+        problem.local_steps(state, rows, lrs, None)
+        results.append(state["w"])
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    assert np.array_equal(results[0], results[1])

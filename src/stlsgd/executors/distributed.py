@@ -49,6 +49,7 @@ from stlsgd.executors.sampling import Sampler
 from stlsgd.executors.simulator import RunState, Topology, run
 from stlsgd.experiments.build import Built, build
 from stlsgd.experiments.config import Experiment, dump_config
+from stlsgd.threads import share_cores
 from stlsgd.experiments.runner import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
@@ -266,6 +267,7 @@ def run_distributed(
     Files and options are those of :func:`stlsgd.experiments.runner.run_experiment`.
     """
     out = Path(out)
+    share_cores(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # ranks on one machine split its cores
     owns_group = not dist.is_initialized()  # a caller's own process group is left to the caller
     backend, group = init_process_group(comm_backend)
     try:

@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stlsgd.errors import ConfigError, StlsgdError
 from stlsgd.experiments.config import Experiment, read_raw, validate
+from stlsgd.threads import share_cores
 
 RESULTS = "results.jsonl"
 BEST = "best.json"
@@ -201,9 +202,10 @@ _DATA_DIR: str | None = None
 _BUILT: dict[str, Any] = {}
 
 
-def _init_worker(bound: Any, data_dir: str | None) -> None:
+def _init_worker(bound: Any, data_dir: str | None, jobs: int = 1) -> None:
     global _BOUND, _DATA_DIR
     _BOUND, _DATA_DIR = bound, data_dir
+    share_cores(jobs)
 
 
 class _SampleCounter:
@@ -362,7 +364,7 @@ class _Scheduler:
             best = best_of(self.records, label) if sweep.prune else None
             self.bound[i] = best["rounds_to_target"] if best else NO_BOUND
         self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
-                                        initargs=(self.bound, data_dir))
+                                        initargs=(self.bound, data_dir, jobs))
         self.done_count = 0
 
     def _done(self, spec: RunSpec) -> bool:

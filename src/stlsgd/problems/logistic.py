@@ -28,24 +28,37 @@ def _sigmoid(z: float) -> float:
     return e / (1.0 + e)
 
 
-@numba.njit(cache=True, nogil=True)
-def _local_steps(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor):  # pragma: no cover - jitted
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _local_steps(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor, n_blocks):  # pragma: no cover
     """W[c] -= lr_t * (mini-batch loss gradient + lam W[c] + gamma_inv (W[c] - anchor)), every step t, client c.
+
+    Clients are independent between averages, so blocks of them run on numba's threads; each client's
+    arithmetic is the same whatever the thread count, so results do not depend on it.
+    """
+    n_clients = W.shape[0]
+    for block in numba.prange(n_blocks):
+        first, last = block * n_clients // n_blocks, (block + 1) * n_clients // n_blocks
+        _client_block(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor, first, last)
+
+
+@numba.njit(cache=True, nogil=True)
+def _client_block(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor, first, last):  # pragma: no cover
+    """Clients first..last-1 of :func:`_local_steps`.
 
     Without the proximal term the L2 shrink is kept as a per-client scale (W[c] = scale * V[c]), so a step
     touches only the sampled rows' non-zeros instead of all d coordinates.
     """
-    n_clients, d = W.shape
+    d = W.shape[1]
     n_steps, _, batch = rows.shape
     coef = np.empty(batch)
-    scale = np.ones(n_clients)
+    scale = np.ones(last - first)
     # Steps outer, clients inner: the clients' independent updates let the CPU overlap their cache misses.
     for t in range(n_steps):
         lr = lrs[t]
         shrink = 1.0 - lr * lam
-        for c in range(n_clients):
+        for c in range(first, last):
             w = W[c]
-            sc = scale[c]
+            sc = scale[c - first]
             # Every gradient coefficient is taken at the old w, before any coordinate moves.
             for j in range(batch):
                 r = rows[t, c, j]
@@ -63,16 +76,16 @@ def _local_steps(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor)
                     for q in range(d):
                         w[q] *= sc
                     sc = 1.0
-                scale[c] = sc
+                scale[c - first] = sc
             for j in range(batch):
                 r = rows[t, c, j]
                 g = lr * coef[j] / sc
                 for p in range(indptr[r], indptr[r + 1]):
                     w[indices[p]] -= g * data[p]
-    for c in range(n_clients):
-        if scale[c] != 1.0:
+    for c in range(first, last):
+        if scale[c - first] != 1.0:
             for q in range(d):
-                W[c, q] *= scale[c]
+                W[c, q] *= scale[c - first]
 
 
 class LogisticRegression:
@@ -96,6 +109,7 @@ class LogisticRegression:
             state["w"], self.X.indptr, self.X.indices, self.X.data, self.y, self.lam,
             np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(lrs, dtype=np.float64),
             float(gamma_inv), np.ascontiguousarray(anchor, dtype=np.float64).reshape(-1),
+            min(numba.get_num_threads(), state["w"].shape[0]),
         )
 
     def loss(self, w: np.ndarray) -> float:
