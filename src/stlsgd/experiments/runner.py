@@ -91,12 +91,6 @@ def check_out_dir(out: Path, exp: Experiment, overwrite: bool) -> None:
         )
 
 
-def prepare_out_dir(out: Path, exp: Experiment, overwrite: bool) -> None:
-    """:func:`check_out_dir`, then create ``out``."""
-    check_out_dir(out, exp, overwrite)
-    _mkdir(out)
-
-
 def _mkdir(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
