@@ -21,7 +21,7 @@ from typing import Any
 
 from stlsgd.errors import StlsgdError
 from stlsgd.experiments.plots import Curve, Panel, panels_figure
-from stlsgd.experiments.sweep import BEST, read_results
+from stlsgd.experiments.sweep import BEST, read_jsonl, read_results
 
 BASELINE_METHOD = "sync_sgd"
 
@@ -160,18 +160,6 @@ def write_csv(sweeps: list[dict[str, Any]], path: Path) -> None:
             writer.writerow({**row, "settings": json.dumps(row["settings"]) if row["settings"] else ""})
 
 
-def _metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
 def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
     panels = []
     for sweep in sweeps:
@@ -184,7 +172,7 @@ def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
                 continue
             if not info.get("run_dir"):
                 label = f"{label} (closest, not reached)"
-            rows = _metrics(sweep["_dir"] / run_dir / "metrics.jsonl")
+            rows = read_jsonl(sweep["_dir"] / run_dir / "metrics.jsonl")
             if not rows:
                 continue
             y_key = "gap" if has_gap and rows[0].get("gap") is not None else "objective"

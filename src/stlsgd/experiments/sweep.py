@@ -284,6 +284,11 @@ def execute(task: dict[str, Any]) -> dict[str, Any]:
 
 def read_results(path: Path) -> list[dict[str, Any]]:
     """Records of ``results.jsonl``; a line cut short by a crash is ignored (its run is simply redone)."""
+    return read_jsonl(path)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of ``path`` (none if it is missing), skipping a last line cut short by a crash."""
     if not path.is_file():
         return []
     records = []
