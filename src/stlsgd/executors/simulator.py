@@ -86,6 +86,11 @@ def init_run_state(problem: Problem, sampler: Sampler, num_clients: int, seed: i
     return RunState(clients=problem.init_state(num_clients, seed), sampler_state=sampler.get_state())
 
 
+def _budget_spent(stop: StopRule, state: RunState) -> bool:
+    return (stop.max_iterations is not None and state.iteration >= stop.max_iterations) or (
+        stop.max_rounds is not None and state.round >= stop.max_rounds)
+
+
 def _due(stop: StopRule, state: RunState) -> bool:
     if state.round % stop.eval_every == 0:
         return True
@@ -117,10 +122,7 @@ def run(
     started = time.perf_counter() - state.wall_s
     try:
         for rnd in plan.rounds(start=state.round):
-            if stop.max_rounds is not None and state.round >= stop.max_rounds:
-                state.status = "budget"
-                break
-            if stop.max_iterations is not None and state.iteration >= stop.max_iterations:
+            if _budget_spent(stop, state):  # a run resumed, or started, with nothing left to do
                 state.status = "budget"
                 break
             if rnd.new_anchor or (rnd.prox_gamma is not None and state.anchor is None):
@@ -159,8 +161,7 @@ def run(
 
 
 def _evaluate_if_due(rnd, lrs, problem, stop, state, fstar, started, on_metrics, topology=LOCAL) -> bool:
-    budget_next = (stop.max_iterations is not None and state.iteration >= stop.max_iterations) or (
-        stop.max_rounds is not None and state.round >= stop.max_rounds)
+    budget_next = _budget_spent(stop, state)
     # Averaged models are identical on every rank, so every rank reaches this test in the same rounds.
     diverged = not is_finite(state.clients)
     if not (diverged or budget_next or _due(stop, state)):
