@@ -58,11 +58,11 @@ from stlsgd.experiments.runner import (
     RESULT_FILES,
     SUMMARY_FILE,
     MetricsLog,
-    _clear_debris,
-    _mkdir,
-    _restore,
     cache_dir,
     check_out_dir,
+    clear_debris,
+    make_out_dir,
+    restore_run,
     stop_rule,
     summarize,
     write_final_params,
@@ -301,7 +301,7 @@ def _run(exp: Experiment, out: Path, group: dist.ProcessGroup, *, data_dir: str 
                               f"use at most {n_clients} processes")
         if is_root:  # every check that can refuse the run comes before rank 0 writes anything
             check_out_dir(out, exp, overwrite)
-            root["restored"] = _restore(out, exp) if resume and not overwrite else None
+            root["restored"] = restore_run(out, exp) if resume and not overwrite else None
         built = build(exp, data_dir)
         if not is_root:
             return built, None
@@ -364,8 +364,8 @@ def _prepare_root(exp: Experiment, out: Path, built: Built, fstar: float | None,
                   root: dict[str, Any]) -> _Start:
     """Rank 0's files and starting state, as :func:`stlsgd.experiments.runner.run_experiment` prepares them."""
     restored = root["restored"]
-    _mkdir(out)
-    _clear_debris(out)
+    make_out_dir(out)
+    clear_debris(out)
     if restored is None:
         for name in RESULT_FILES:
             if name != METRICS_FILE:

@@ -91,7 +91,7 @@ def check_out_dir(out: Path, exp: Experiment, overwrite: bool) -> None:
         )
 
 
-def _mkdir(out: Path) -> None:
+def make_out_dir(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -196,7 +196,7 @@ def summarize(exp: Experiment, state: RunState, plan_desc: dict[str, Any], fstar
 # --------------------------------------------------------------------------- run
 
 
-def _restore(out: Path, exp: Experiment) -> tuple[RunState, dict[str, Any]] | None:
+def restore_run(out: Path, exp: Experiment) -> tuple[RunState, dict[str, Any]] | None:
     """The checkpoint in ``out`` if there is one, checked to belong to ``exp``; None means start afresh."""
     path = out / CHECKPOINT_FILE
     if not path.is_file():
@@ -207,7 +207,7 @@ def _restore(out: Path, exp: Experiment) -> tuple[RunState, dict[str, Any]] | No
     return state, meta
 
 
-def _clear_debris(out: Path) -> None:
+def clear_debris(out: Path) -> None:
     """Temporary files left by a process killed in the middle of an atomic write."""
     for tmp in out.glob(f"{TMP_PREFIX}*{TMP_SUFFIX}"):
         tmp.unlink(missing_ok=True)
@@ -239,13 +239,13 @@ def run_experiment(
         raise ConfigError(f"--checkpoint-every: must be >= 1 round, got {checkpoint_every}")
     # Everything that can fail on bad input happens before the first byte is written to `out`.
     check_out_dir(out, exp, overwrite)
-    restored = _restore(out, exp) if resume and not overwrite else None
+    restored = restore_run(out, exp) if resume and not overwrite else None
     built = build(exp, data_dir)
     fstar = built.problem.optimum(cache_dir=cache_dir()) if exp.run.target_gap is not None else None
     plan_desc = built.plan.describe()
 
-    _mkdir(out)
-    _clear_debris(out)
+    make_out_dir(out)
+    clear_debris(out)
     if restored is None:
         for name in RESULT_FILES:  # the outputs of the run this one replaces (same config, or --overwrite)
             if name != METRICS_FILE:
