@@ -7,7 +7,6 @@ good setting per method (eta_1 = N/10; alpha and k picked from the paper's grids
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from stlsgd.experiments.config import Experiment
@@ -43,22 +42,11 @@ def demo(out: Path, progress: bool = True) -> list[dict]:
 
 
 def _plot(out: Path, summaries: list[dict]) -> Path:
-    import matplotlib
+    from stlsgd.experiments.plots import Curve, Panel, panels_figure
+    from stlsgd.experiments.sweep import read_jsonl
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    panel = Panel("digits 4 vs 9, 16 clients (IID shared)", "objective gap f(x) - f*", target=1e-4)
     for s in summaries:
-        lines = (out / s["method"] / "metrics.jsonl").read_text().splitlines()
-        points = [json.loads(line) for line in lines]
-        ax.plot([p["round"] for p in points], [max(p["gap"], 1e-12) for p in points], label=s["label"])
-    ax.axhline(1e-4, color="grey", lw=0.8, ls="--")
-    ax.set(xscale="log", yscale="log", xlabel="communication rounds", ylabel="objective gap f(x) - f*",
-           title="digits 4 vs 9, 16 clients (IID shared)")
-    ax.legend()
-    fig.tight_layout()
-    path = out / "demo.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+        points = read_jsonl(out / s["method"] / "metrics.jsonl")
+        panel.curves.append(Curve(s["label"], [p["round"] for p in points], [p["gap"] for p in points]))
+    return panels_figure([panel], "communication rounds", out / "demo.png", log_x=True)
