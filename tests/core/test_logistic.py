@@ -41,6 +41,32 @@ def test_proximal_step_by_hand():
     np.testing.assert_allclose(state["w"][0], [0.47724593312018543, -0.23050813375962909], rtol=1e-14)
 
 
+def test_synchronous_step_by_hand():
+    # k = 1: both clients' steps above, averaged -- the same as one step on the union of their mini-batches.
+    problem, state = two_clients()
+    problem.sync_steps(state, np.array([[[0], [1]]]), np.array([0.1]), None)
+    for w in state["w"]:
+        np.testing.assert_allclose(w, [0.5261229665600927, -0.4516311003197218], rtol=1e-14)
+
+
+@pytest.mark.parametrize("batch", [1, 40])  # few rows: gathered one by one; many: counted, in row order
+@pytest.mark.parametrize("prox", [False, True])
+def test_synchronous_steps_equal_local_steps_averaged_every_step(batch, prox):
+    ds = load_dataset("digits49")
+    problem = LogisticRegression(ds.X, ds.y)
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, problem.num_samples, (30, 4, batch))
+    lrs = 0.5 / (1.0 + 0.01 * np.arange(30))
+    anchor = (3.0, {"w": rng.normal(size=(1, problem.dim))}) if prox else None
+    fused, stepped = problem.init_state(4), problem.init_state(4)
+    problem.sync_steps(fused, rows, lrs, anchor)
+    for t in range(30):
+        problem.local_steps(stepped, rows[t : t + 1], lrs[t : t + 1], anchor)
+        stepped["w"][:] = stepped["w"].mean(axis=0)
+    np.testing.assert_allclose(fused["w"], stepped["w"], rtol=1e-11, atol=1e-13)
+    assert not np.allclose(stepped["w"], 0.0)
+
+
 def test_many_steps_match_a_plain_loop():
     rng = np.random.default_rng(0)
     dense = rng.random((50, 7)) * (rng.random((50, 7)) < 0.4)

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from stlsgd.algorithms import STLSGD, LocalSGD
+from stlsgd.algorithms import CRPSGD, STLSGD, LocalSGD, SyncSGD
 from stlsgd.data import load_dataset, make_partition
 from stlsgd.executors.sampling import Sampler
-from stlsgd.executors.simulator import StopRule, init_run_state, run
+from stlsgd.executors.simulator import StopRule, Topology, init_run_state, run
 from stlsgd.problems.logistic import LogisticRegression
 
 
@@ -121,3 +121,30 @@ def test_long_rounds_are_stepped_in_slices_with_the_same_samples(digits, monkeyp
     sliced, _ = simulate(problem, partition, plan, StopRule(max_rounds=3))
     assert whole.sampler_state == sliced.sampler_state  # exactly the same draws were consumed
     np.testing.assert_allclose(sliced.clients["w"], whole.clients["w"], rtol=1e-12)
+
+
+@pytest.mark.parametrize("plan", [SyncSGD(lr=0.5, lr_decay=0.01), CRPSGD(lr=0.5, rho=1.2, max_batch=16)])
+def test_fused_synchronous_rounds_equal_round_by_round(digits, plan):
+    # k = 1 rounds are taken in groups by one sync_steps call; a Topology other than the default one runs
+    # them one by one (local steps, then the mean), as the torch.distributed executor does.
+    ds, problem = digits
+    partition = make_partition(ds.y, 4, "split", seed=1)
+    stop = StopRule(max_rounds=40, eval_every=7)
+    seen = {}
+    for name, topology in (("fused", None), ("one by one", Topology())):
+        sampler = Sampler(partition, 3)
+        rounds = []
+        kwargs = {} if topology is None else {"topology": topology}
+        state = run(plan, problem, sampler, stop, init_run_state(problem, sampler, 4, 3), progress=False,
+                    on_metrics=lambda m: None, on_round=lambda st, rnd: rounds.append(st.round), align=5, **kwargs)
+        seen[name] = (state, rounds)
+    fused, one = seen["fused"][0], seen["one by one"][0]
+    np.testing.assert_allclose(fused.clients["w"], one.clients["w"], rtol=1e-11, atol=1e-14)
+    assert (fused.round, fused.iteration, fused.bytes, fused.sampler_state) == (
+        one.round, one.iteration, one.bytes, one.sampler_state)
+    assert seen["one by one"][1] == list(range(1, 41))
+    # Groups end at evaluations (every 7), checkpoint alignment (every 5) and the budget; CR-PSGD's also where
+    # its batch grows.
+    assert {r for r in range(1, 41) if r % 7 == 0 or r % 5 == 0} | {40} <= set(seen["fused"][1])
+    if isinstance(plan, SyncSGD):
+        assert seen["fused"][1] == sorted({r for r in range(1, 41) if r % 7 == 0 or r % 5 == 0} | {40})

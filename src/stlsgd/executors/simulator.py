@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from stlsgd.algorithms.plan import Plan, Round
@@ -86,16 +87,16 @@ def init_run_state(problem: Problem, sampler: Sampler, num_clients: int, seed: i
     return RunState(clients=problem.init_state(num_clients, seed), sampler_state=sampler.get_state())
 
 
-def _budget_spent(stop: StopRule, state: RunState) -> bool:
-    return (stop.max_iterations is not None and state.iteration >= stop.max_iterations) or (
-        stop.max_rounds is not None and state.round >= stop.max_rounds)
+def _budget_spent(stop: StopRule, rounds: int, iterations: int) -> bool:
+    return (stop.max_iterations is not None and iterations >= stop.max_iterations) or (
+        stop.max_rounds is not None and rounds >= stop.max_rounds)
 
 
-def _due(stop: StopRule, state: RunState) -> bool:
-    if state.round % stop.eval_every == 0:
+def _due(stop: StopRule, rounds: int, iterations: int, last_eval_iteration: int) -> bool:
+    if rounds % stop.eval_every == 0:
         return True
     every = stop.eval_every_iterations
-    return bool(every) and state.iteration // every > state.last_eval_iteration // every
+    return bool(every) and iterations // every > last_eval_iteration // every
 
 
 def run(
@@ -110,39 +111,43 @@ def run(
     on_round: Callback | None = None,
     progress: bool = True,
     topology: Topology = LOCAL,
+    align: int | None = None,
 ) -> RunState:
     """Run ``plan`` from ``state`` until a stop rule fires; returns the final state (status set).
 
-    ``state.clients`` holds the clients of ``topology.clients`` (all of them by default)."""
+    ``state.clients`` holds the clients of ``topology.clients`` (all of them by default). ``on_round`` is
+    called after every round, except inside a group of fused k = 1 rounds (see :func:`_groups`), where it sees
+    the group's last round; groups end at every multiple of ``align`` rounds, so a caller that checkpoints
+    every ``align`` rounds sees each of those rounds."""
     sampler.set_state(state.sampler_state)
     n_clients = sampler.partition.num_clients
     per_round_bytes = 2 * n_clients * model_bytes(state.clients)
     bar = tqdm(total=stop.max_iterations, initial=state.iteration, unit="it", disable=None if progress else True,
                leave=False, dynamic_ncols=True)
     started = time.perf_counter() - state.wall_s
+    fuse = topology is LOCAL and hasattr(problem, "sync_steps")
     try:
-        for rnd in plan.rounds(start=state.round):
-            if _budget_spent(stop, state):  # a run resumed, or started, with nothing left to do
+        for group in _groups(plan.rounds(start=state.round), stop, state, n_clients if fuse else 0, align):
+            rnd = group[-1]
+            if _budget_spent(stop, state.round, state.iteration):  # resumed, or started, with nothing left to do
                 state.status = "budget"
                 break
-            if rnd.new_anchor or (rnd.prox_gamma is not None and state.anchor is None):
+            first = group[0]
+            if first.new_anchor or (first.prox_gamma is not None and state.anchor is None):
                 state.anchor = copy_state({k: v[:1] for k, v in state.clients.items()})
-            prox = None if rnd.prox_gamma is None else (1.0 / rnd.prox_gamma, state.anchor)
-            lrs = rnd.learning_rates()
-            # Late STL-SGD stages have rounds of 10^5-10^7 local steps: draw and step them in slices so the
-            # sample matrix stays small. The generator fills draws in order, so slicing changes no sample.
-            chunk = max(1, SAMPLES_PER_CHUNK // (n_clients * rnd.batch))
-            for first in range(0, rnd.steps, chunk):
-                steps = min(chunk, rnd.steps - first)
-                rows = sampler.draw(steps, rnd.batch)[:, topology.clients]
-                problem.local_steps(state.clients, rows, lrs[first : first + steps], prox)
-            topology.average(state.clients)
+            prox = None if first.prox_gamma is None else (1.0 / first.prox_gamma, state.anchor)
+            if len(group) > 1:
+                lrs = np.concatenate([g.learning_rates() for g in group])
+                problem.sync_steps(state.clients, sampler.draw(len(group), rnd.batch), lrs, prox)
+            else:
+                lrs = rnd.learning_rates()
+                _local_round(rnd, lrs, problem, sampler, state, prox, n_clients, topology)
             state.round = rnd.index + 1
             state.iteration = rnd.end_iteration
             state.stage = rnd.stage
-            state.bytes += per_round_bytes
+            state.bytes += per_round_bytes * len(group)
             state.sampler_state = sampler.get_state()
-            bar.update(rnd.steps)
+            bar.update(rnd.end_iteration - first.start_iteration)
             finished = _evaluate_if_due(rnd, lrs, problem, stop, state, fstar, started, on_metrics, topology)
             if on_round is not None:
                 verdict = on_round(state, rnd)
@@ -160,11 +165,52 @@ def run(
     return state
 
 
+def _local_round(rnd, lrs, problem, sampler, state, prox, n_clients, topology) -> None:
+    # Late STL-SGD stages have rounds of 10^5-10^7 local steps: draw and step them in slices so the sample
+    # matrix stays small. The generator fills draws in order, so slicing changes no sample.
+    chunk = max(1, SAMPLES_PER_CHUNK // (n_clients * rnd.batch))
+    for first in range(0, rnd.steps, chunk):
+        steps = min(chunk, rnd.steps - first)
+        rows = sampler.draw(steps, rnd.batch)[:, topology.clients]
+        problem.local_steps(state.clients, rows, lrs[first : first + steps], prox)
+    topology.average(state.clients)
+
+
+def _groups(rounds: Iterator[Round], stop: StopRule, state: RunState, fuse_clients: int, align: int | None
+            ) -> Iterator[list[Round]]:
+    """The rounds, one by one -- or, given the number of clients to fuse, runs of single-step rounds (k = 1: SyncSGD, LB-SGD,
+    CR-PSGD) that one ``problem.sync_steps`` call can take at once, since averaging after every step keeps all
+    clients equal. A group ends where the executor must look at the state: an evaluation, the budget, a
+    multiple of ``align`` (checkpoints), a change of batch or proximal term, or SAMPLES_PER_CHUNK samples.
+    """
+    pending: Round | None = None
+    while True:
+        rnd = pending if pending is not None else next(rounds)
+        pending = None
+        group = [rnd]
+        if fuse_clients and rnd.steps == 1:
+            limit = max(1, SAMPLES_PER_CHUNK // (fuse_clients * rnd.batch))
+            while len(group) < limit and not _boundary(stop, group[-1], state.last_eval_iteration, align):
+                nxt = next(rounds)
+                if nxt.steps != 1 or nxt.batch != rnd.batch or nxt.prox_gamma != rnd.prox_gamma or nxt.new_anchor:
+                    pending = nxt
+                    break
+                group.append(nxt)
+        yield group
+
+
+def _boundary(stop: StopRule, rnd: Round, last_eval_iteration: int, align: int | None) -> bool:
+    """Whether the state after ``rnd`` must be seen: it may be evaluated, end the run or be checkpointed."""
+    rounds, iterations = rnd.index + 1, rnd.end_iteration
+    return (_due(stop, rounds, iterations, last_eval_iteration) or _budget_spent(stop, rounds, iterations)
+            or bool(align and rounds % align == 0))
+
+
 def _evaluate_if_due(rnd, lrs, problem, stop, state, fstar, started, on_metrics, topology=LOCAL) -> bool:
-    budget_next = _budget_spent(stop, state)
+    budget_next = _budget_spent(stop, state.round, state.iteration)
     # Averaged models are identical on every rank, so every rank reaches this test in the same rounds.
     diverged = not is_finite(state.clients)
-    if not (diverged or budget_next or _due(stop, state)):
+    if not (diverged or budget_next or _due(stop, state.round, state.iteration, state.last_eval_iteration)):
         return False
     finished = _verdict(rnd, lrs, problem, stop, state, fstar, started, on_metrics, diverged, budget_next) \
         if topology.is_root else False

@@ -284,7 +284,8 @@ def run_experiment(
             # Overflow on the way to divergence is expected and reported as status "diverged", not as warnings.
             with np.errstate(over="ignore", invalid="ignore"):
                 state = run(built.plan, built.problem, sampler, stop_rule(exp, fstar is not None), state,
-                            fstar=fstar, on_metrics=metrics.write, on_round=after_round, progress=progress)
+                            fstar=fstar, on_metrics=metrics.write, on_round=after_round, progress=progress,
+                            align=checkpoint_every)
         if checkpoint_every:
             save(state)  # a finished checkpoint: --resume then only completes the files below, never reruns
         else:
