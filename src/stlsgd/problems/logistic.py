@@ -28,6 +28,30 @@ def _sigmoid(z: float) -> float:
     return e / (1.0 + e)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _dot(w, indptr, indices, data, r):  # pragma: no cover
+    """x_r^T w; an empty ``data`` means every stored value of X is 1 (binary features, as in a9a)."""
+    m = 0.0
+    if data.shape[0] == 0:
+        for p in range(indptr[r], indptr[r + 1]):
+            m += w[indices[p]]
+    else:
+        for p in range(indptr[r], indptr[r + 1]):
+            m += data[p] * w[indices[p]]
+    return m
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _add(w, indptr, indices, data, r, a):  # pragma: no cover
+    """w += a x_r."""
+    if data.shape[0] == 0:
+        for p in range(indptr[r], indptr[r + 1]):
+            w[indices[p]] += a
+    else:
+        for p in range(indptr[r], indptr[r + 1]):
+            w[indices[p]] += a * data[p]
+
+
 @numba.njit(cache=True, nogil=True, parallel=True)
 def _local_steps(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor, n_blocks):  # pragma: no cover
     """W[c] -= lr_t * (mini-batch loss gradient + lam W[c] + gamma_inv (W[c] - anchor)), every step t, client c.
@@ -62,9 +86,7 @@ def _client_block(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor
             # Every gradient coefficient is taken at the old w, before any coordinate moves.
             for j in range(batch):
                 r = rows[t, c, j]
-                m = 0.0
-                for p in range(indptr[r], indptr[r + 1]):
-                    m += data[p] * w[indices[p]]
+                m = _dot(w, indptr, indices, data, r)
                 yr = y[r]
                 coef[j] = -yr * _sigmoid(-yr * m * sc) / batch
             if gamma_inv > 0.0:
@@ -78,10 +100,7 @@ def _client_block(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor
                     sc = 1.0
                 scale[c - first] = sc
             for j in range(batch):
-                r = rows[t, c, j]
-                g = lr * coef[j] / sc
-                for p in range(indptr[r], indptr[r + 1]):
-                    w[indices[p]] -= g * data[p]
+                _add(w, indptr, indices, data, rows[t, c, j], -(lr * coef[j] / sc))
     for c in range(first, last):
         if scale[c - first] != 1.0:
             for q in range(d):
@@ -112,21 +131,13 @@ def _sync_steps(w, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor, 
             for r in range(n):
                 if counts[r] == 0:
                     continue
-                m = 0.0
-                for p in range(indptr[r], indptr[r + 1]):
-                    m += data[p] * w[indices[p]]
-                coef = -counts[r] * y[r] * _sigmoid(-y[r] * m)
+                m = _dot(w, indptr, indices, data, r)
+                _add(grad, indptr, indices, data, r, -counts[r] * y[r] * _sigmoid(-y[r] * m))
                 counts[r] = 0
-                for p in range(indptr[r], indptr[r + 1]):
-                    grad[indices[p]] += coef * data[p]
         else:
             for r in flat[t]:
-                m = 0.0
-                for p in range(indptr[r], indptr[r + 1]):
-                    m += data[p] * w[indices[p]]
-                coef = -y[r] * _sigmoid(-y[r] * m)
-                for p in range(indptr[r], indptr[r + 1]):
-                    grad[indices[p]] += coef * data[p]
+                m = _dot(w, indptr, indices, data, r)
+                _add(grad, indptr, indices, data, r, -y[r] * _sigmoid(-y[r] * m))
         lr = lrs[t]
         for q in range(d):
             w[q] -= lr * (grad[q] / per_step + lam * w[q] + gamma_inv * (w[q] - anchor[q]))
@@ -144,6 +155,7 @@ class LogisticRegression:
         self.name = name
         self._fstar: float | None = None
         self._counts: np.ndarray | None = None  # scratch of sync_steps, all zeros between calls
+        self._rows = _compact_rows(self.X)
 
     def init_state(self, num_clients: int, seed: int = 0) -> State:
         return {"w": np.zeros((num_clients, self.dim), dtype=np.float64)}
@@ -151,7 +163,7 @@ class LogisticRegression:
     def local_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> None:
         gamma_inv, anchor = (0.0, np.zeros(self.dim)) if prox is None else (prox[0], prox[1]["w"])
         _local_steps(
-            state["w"], self.X.indptr, self.X.indices, self.X.data, self.y, self.lam,
+            state["w"], *self._rows, self.y, self.lam,
             np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(lrs, dtype=np.float64),
             float(gamma_inv), np.ascontiguousarray(anchor, dtype=np.float64).reshape(-1),
             min(numba.get_num_threads(), state["w"].shape[0]),
@@ -164,7 +176,7 @@ class LogisticRegression:
         w = W[0].copy()
         if self._counts is None:
             self._counts = np.zeros(self.num_samples, dtype=np.int64)
-        _sync_steps(w, self.X.indptr, self.X.indices, self.X.data, self.y, self.lam,
+        _sync_steps(w, *self._rows, self.y, self.lam,
                     np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(lrs, dtype=np.float64),
                     float(gamma_inv), np.ascontiguousarray(anchor, dtype=np.float64).reshape(-1), self._counts)
         W[:] = w
@@ -233,6 +245,20 @@ class LogisticRegression:
             except OSError:
                 pass  # a read-only cache only costs a recomputation
         return self._fstar
+
+
+def _compact_rows(X: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """X's CSR arrays in the smallest exact types, for the kernels: (indptr, indices, data).
+
+    SGD reads one random row per client and step, so its speed is the latency of those reads, which
+    depends on whether the matrix fits in cache: a9a's 451k non-zeros take 7.2 MB as int64 indices and
+    float64 values, but 0.6 MB as uint8 indices (d = 123) with the values left out, since they are all 1
+    (an empty ``data`` tells the kernels so). Values are never rounded: any other matrix keeps float64 ones.
+    """
+    indptr = X.indptr.astype(np.int32 if X.nnz < 2**31 else np.int64)
+    index_type = next(t for t in (np.uint8, np.uint16, np.int32, np.int64) if X.shape[1] <= np.iinfo(t).max + 1)
+    data = X.data[:0] if np.all(X.data == 1.0) else X.data
+    return indptr, X.indices.astype(index_type), np.ascontiguousarray(data, dtype=np.float64)
 
 
 def _expit(z: np.ndarray) -> np.ndarray:
