@@ -31,13 +31,16 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
 import hashlib
 import itertools
 import json
 import multiprocessing as mp
 import os
+import signal
 import statistics
 import time
+import sys
 import traceback
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -206,6 +209,17 @@ def _init_worker(bound: Any, data_dir: str | None, jobs: int = 1) -> None:
     global _BOUND, _DATA_DIR
     _BOUND, _DATA_DIR = bound, data_dir
     share_cores(jobs)
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel ends this worker when the sweep's process dies (killed, not only interrupted), so no
+    orphan goes on computing a run whose result nobody will record."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
 
 
 class _SampleCounter:
