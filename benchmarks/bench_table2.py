@@ -25,6 +25,27 @@ COLUMNS = ("a9a_iid", "a9a_noniid", "mnist_iid", "mnist_noniid")
 TARGET_S = 20 * 60
 
 
+def time_sweeps(configs: list[Path], out: Path, *, jobs: int, data_dir: str | None, limit: int | None,
+                target_s: float) -> float:
+    """Run each sweep file into ``out`` in turn, print its wall time and runs, then the total; return it."""
+    grids = "first {} setting(s) of each row".format(limit) if limit else "full grids"
+    print(f"load average before: {os.getloadavg()}, jobs={jobs}, {grids}, out={out}", flush=True)
+    total = 0.0
+    for config in configs:
+        column = config.stem
+        started = time.perf_counter()
+        run_sweep(config, out / column, jobs=jobs, data_dir=data_dir, quiet=True, limit=limit)
+        wall = time.perf_counter() - started
+        total += wall
+        records = read_results(out / column / "results.jsonl")
+        serial = sum(r["wall_s"] or 0.0 for r in records)
+        statuses = dict(Counter(r["status"] for r in records))
+        print(f"{column}: wall {wall:.1f} s, {len(records)} runs {statuses}, summed run time {serial:.1f} s "
+              f"(x{serial / wall:.2f} of wall), load {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"total: {total:.1f} s for {len(configs)} sweeps; target {target_s:.0f} s; ratio {total / target_s:.2f}")
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=None)
@@ -35,21 +56,8 @@ def main() -> None:
                         help="only the first N settings of each row (a probe; the target is for the full grids)")
     args = parser.parse_args()
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_table2_"))
-    grids = "first {} setting(s) of each row".format(args.limit) if args.limit else "full grids"
-    print(f"load average before: {os.getloadavg()}, jobs={args.jobs}, {grids}, out={out}")
-    total = 0.0
-    for column in args.columns:
-        started = time.perf_counter()
-        run_sweep(ROOT / "configs" / "paper" / f"table2_{column}.toml", out / f"table2_{column}", jobs=args.jobs,
-                  data_dir=args.data_dir, quiet=True, limit=args.limit)
-        wall = time.perf_counter() - started
-        total += wall
-        records = read_results(out / f"table2_{column}" / "results.jsonl")
-        serial = sum(r["wall_s"] or 0.0 for r in records)
-        statuses = dict(Counter(r["status"] for r in records))
-        print(f"{column}: wall {wall:.1f} s, {len(records)} runs {statuses}, summed run time {serial:.1f} s "
-              f"(x{serial / wall:.2f} of wall), load {os.getloadavg()[0]:.2f}")
-    print(f"total: {total:.1f} s for {len(args.columns)} columns; target {TARGET_S} s; ratio {total / TARGET_S:.2f}")
+    configs = [ROOT / "configs" / "paper" / f"table2_{column}.toml" for column in args.columns]
+    time_sweeps(configs, out, jobs=args.jobs, data_dir=args.data_dir, limit=args.limit, target_s=TARGET_S)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -382,9 +383,11 @@ class _Scheduler:
         for i, label in enumerate(sweep.labels):
             best = best_of(self.records, label) if sweep.prune else None
             self.bound[i] = best["rounds_to_target"] if best else NO_BOUND
-        self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
-                                        initargs=(self.bound, data_dir, jobs))
+        self._pool_args = {"max_workers": jobs, "mp_context": ctx, "initializer": _init_worker,
+                           "initargs": (self.bound, data_dir, jobs)}
+        self.pool = ProcessPoolExecutor(**self._pool_args)
         self.done_count = 0
+        self.lost: dict[str, int] = {}  # key -> times its worker process died under it
 
     def _done(self, spec: RunSpec) -> bool:
         return any(r["key"] == spec.key and r["label"] == spec.label and r["status"] != "failed"
@@ -413,24 +416,39 @@ class _Scheduler:
                 self._keep({**prior, **_record(spec, None, None), **{k: prior[k] for k in _RESULT_FIELDS}})
                 continue
             groups.setdefault(spec.key, []).append(spec)
-        pending: dict[Future, list[RunSpec]] = {}
-        for key, group in groups.items():
-            # Seed reruns are the reported figures: never cut short. A config shared by several labels is
-            # hopeless only once it is hopeless for all of them.
-            slots = [] if group[0].phase == "seed" or not self.sweep.prune else sorted(
-                {self.sweep.labels.index(s.label) for s in group})
-            task = {"config": group[0].config, "out": str(self.out / "runs" / key), "slots": slots}
-            pending[self.pool.submit(execute, task)] = group
+        pending: dict[Future, tuple[list[RunSpec], ProcessPoolExecutor]] = {}
+        for group in groups.values():
+            pending[self._submit(group)] = (group, self.pool)
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
-                group = pending.pop(fut)
+                group, pool = pending.pop(fut)
                 try:
                     summary, error = fut.result(), None
+                except BrokenProcessPool:
+                    # A worker process died (killed, out of memory): every run of its pool fails with it, so
+                    # each is run again on a fresh pool -- and recorded as failed if that happens twice.
+                    key = group[0].key
+                    self.lost[key] = self.lost.get(key, 0) + 1
+                    if self.lost[key] < 2:
+                        if pool is self.pool:
+                            self.pool.shutdown(wait=False, cancel_futures=True)
+                            self.pool = ProcessPoolExecutor(**self._pool_args)
+                        pending[self._submit(group)] = (group, self.pool)
+                        continue
+                    summary, error = None, "its worker process died twice (killed, or out of memory?)"
                 except Exception as exc:  # a worker error is recorded; the sweep goes on
                     summary, error = None, "".join(traceback.format_exception(exc))[-2000:]
                 for spec in group:
                     self._keep(_record(spec, summary, error))
+
+    def _submit(self, group: list[RunSpec]) -> Future:
+        # Seed reruns are the reported figures: never cut short. A config shared by several labels is
+        # hopeless only once it is hopeless for all of them.
+        slots = [] if group[0].phase == "seed" or not self.sweep.prune else sorted(
+            {self.sweep.labels.index(s.label) for s in group})
+        task = {"config": group[0].config, "out": str(self.out / "runs" / group[0].key), "slots": slots}
+        return self.pool.submit(execute, task)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
