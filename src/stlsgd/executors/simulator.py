@@ -3,6 +3,8 @@
 Runs a :class:`~stlsgd.algorithms.plan.Plan` round by round (Algorithm 1 inside each stage of Algorithms 2
 and 3): local steps of every client in one batched call, one average, an evaluation of the averaged model
 when due, and a stop on target, budget or divergence. Everything a checkpoint needs is in :class:`RunState`.
+Rounds of one step (k = 1: SyncSGD, LB-SGD, CR-PSGD) keep every client equal, so when the problem offers
+``sync_steps`` the simulator takes runs of them in one call, with no per-round work in Python.
 """
 
 from __future__ import annotations

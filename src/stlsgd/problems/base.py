@@ -40,6 +40,10 @@ class Problem(Protocol):
         (1/gamma, anchor) for STL-SGD^nc's term 1/(2 gamma) ||x - x_s||^2, or None.
         """
 
+    # Optional: ``sync_steps(state, rows, lrs, prox)``, the same as ``local_steps`` one step at a time with a
+    # mean over the clients after each step, for clients that start equal. The simulator uses it, when a
+    # problem has it, to take runs of k = 1 rounds (SyncSGD, LB-SGD, CR-PSGD) in one call.
+
     def evaluate(self, state: State) -> Evaluation:
         """Objective and accuracy of the model held by client 0 (called right after an average)."""
 
