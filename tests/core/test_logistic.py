@@ -67,13 +67,21 @@ def test_synchronous_steps_equal_local_steps_averaged_every_step(batch, prox):
     assert not np.allclose(stepped["w"], 0.0)
 
 
-def test_many_steps_match_a_plain_loop():
+@pytest.mark.parametrize("values", ["float", "few", "ones"])
+def test_many_steps_match_a_plain_loop(values):
+    # The kernels read X as float64 values, as uint8 codes into a table of <= 256 distinct values, or with
+    # no values at all when every one is 1: all three must give the loop's numbers.
     rng = np.random.default_rng(0)
-    dense = rng.random((50, 7)) * (rng.random((50, 7)) < 0.4)
-    y = np.where(rng.random(50) < 0.5, 1.0, -1.0)
+    mask = rng.random((400, 7)) < 0.4
+    dense = {"float": rng.random((400, 7)), "few": rng.integers(1, 5, (400, 7)) / 4, "ones": np.ones((400, 7))}[values]
+    dense = dense * mask
+    y = np.where(rng.random(400) < 0.5, 1.0, -1.0)
     problem = LogisticRegression(sp.csr_matrix(dense), y)
+    data, table = problem._rows[2:]
+    assert (data.dtype, table is None, len(data)) == {
+        "float": (np.float64, True, mask.sum()), "few": (np.uint8, False, mask.sum()), "ones": (np.float64, True, 0)}[values]
     state = problem.init_state(3)
-    rows = rng.integers(0, 50, size=(40, 3, 2))
+    rows = rng.integers(0, 400, size=(40, 3, 2))
     lrs = 1.0 / (1 + 0.01 * np.arange(40))
     problem.local_steps(state, rows, lrs, None)
     w = np.zeros((3, 7))

@@ -29,7 +29,15 @@ def _sigmoid(z: float) -> float:
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _dot(w, indptr, indices, data, r):  # pragma: no cover
+def _value(data, table, p):  # pragma: no cover
+    """The p-th stored value of X: ``data[p]``, or ``table[data[p]]`` when ``data`` holds codes."""
+    if table is None:
+        return data[p]
+    return table[data[p]]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _dot(w, indptr, indices, data, table, r):  # pragma: no cover
     """x_r^T w; an empty ``data`` means every stored value of X is 1 (binary features, as in a9a)."""
     m = 0.0
     if data.shape[0] == 0:
@@ -37,23 +45,23 @@ def _dot(w, indptr, indices, data, r):  # pragma: no cover
             m += w[indices[p]]
     else:
         for p in range(indptr[r], indptr[r + 1]):
-            m += data[p] * w[indices[p]]
+            m += _value(data, table, p) * w[indices[p]]
     return m
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _add(w, indptr, indices, data, r, a):  # pragma: no cover
+def _add(w, indptr, indices, data, table, r, a):  # pragma: no cover
     """w += a x_r."""
     if data.shape[0] == 0:
         for p in range(indptr[r], indptr[r + 1]):
             w[indices[p]] += a
     else:
         for p in range(indptr[r], indptr[r + 1]):
-            w[indices[p]] += a * data[p]
+            w[indices[p]] += a * _value(data, table, p)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _local_steps(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor, n_blocks):  # pragma: no cover
+def _local_steps(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, n_blocks):  # pragma: no cover
     """W[c] -= lr_t * (mini-batch loss gradient + lam W[c] + gamma_inv (W[c] - anchor)), every step t, client c.
 
     Clients are independent between averages, so blocks of them run on numba's threads; each client's
@@ -62,11 +70,11 @@ def _local_steps(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor,
     n_clients = W.shape[0]
     for block in numba.prange(n_blocks):
         first, last = block * n_clients // n_blocks, (block + 1) * n_clients // n_blocks
-        _client_block(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor, first, last)
+        _client_block(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, first, last)
 
 
 @numba.njit(cache=True, nogil=True)
-def _client_block(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor, first, last):  # pragma: no cover
+def _client_block(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, first, last):  # pragma: no cover
     """Clients first..last-1 of :func:`_local_steps`.
 
     Without the proximal term the L2 shrink is kept as a per-client scale (W[c] = scale * V[c]), so a step
@@ -86,7 +94,7 @@ def _client_block(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor
             # Every gradient coefficient is taken at the old w, before any coordinate moves.
             for j in range(batch):
                 r = rows[t, c, j]
-                m = _dot(w, indptr, indices, data, r)
+                m = _dot(w, indptr, indices, data, table, r)
                 yr = y[r]
                 coef[j] = -yr * _sigmoid(-yr * m * sc) / batch
             if gamma_inv > 0.0:
@@ -100,7 +108,7 @@ def _client_block(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor
                     sc = 1.0
                 scale[c - first] = sc
             for j in range(batch):
-                _add(w, indptr, indices, data, rows[t, c, j], -(lr * coef[j] / sc))
+                _add(w, indptr, indices, data, table, rows[t, c, j], -(lr * coef[j] / sc))
     for c in range(first, last):
         if scale[c - first] != 1.0:
             for q in range(d):
@@ -108,7 +116,7 @@ def _client_block(W, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor
 
 
 @numba.njit(cache=True, nogil=True)
-def _sync_steps(w, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor, counts):  # pragma: no cover
+def _sync_steps(w, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, counts):  # pragma: no cover
     """One model, every step averaged at once: w -= lr_t * (mean loss gradient over all clients' rows[t] +
     lam w + gamma_inv (w - anchor)) -- Local SGD with k = 1 (SyncSGD, LB-SGD, CR-PSGD), since the average
     of N identical models each stepped on its own mini-batch is one step on the union of the mini-batches.
@@ -131,13 +139,13 @@ def _sync_steps(w, indptr, indices, data, y, lam, rows, lrs, gamma_inv, anchor, 
             for r in range(n):
                 if counts[r] == 0:
                     continue
-                m = _dot(w, indptr, indices, data, r)
-                _add(grad, indptr, indices, data, r, -counts[r] * y[r] * _sigmoid(-y[r] * m))
+                m = _dot(w, indptr, indices, data, table, r)
+                _add(grad, indptr, indices, data, table, r, -counts[r] * y[r] * _sigmoid(-y[r] * m))
                 counts[r] = 0
         else:
             for r in flat[t]:
-                m = _dot(w, indptr, indices, data, r)
-                _add(grad, indptr, indices, data, r, -y[r] * _sigmoid(-y[r] * m))
+                m = _dot(w, indptr, indices, data, table, r)
+                _add(grad, indptr, indices, data, table, r, -y[r] * _sigmoid(-y[r] * m))
         lr = lrs[t]
         for q in range(d):
             w[q] -= lr * (grad[q] / per_step + lam * w[q] + gamma_inv * (w[q] - anchor[q]))
@@ -247,18 +255,24 @@ class LogisticRegression:
         return self._fstar
 
 
-def _compact_rows(X: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """X's CSR arrays in the smallest exact types, for the kernels: (indptr, indices, data).
+def _compact_rows(X: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """X's CSR arrays in the smallest exact form, for the kernels: (indptr, indices, data, table).
 
-    SGD reads one random row per client and step, so its speed is the latency of those reads, which
-    depends on whether the matrix fits in cache: a9a's 451k non-zeros take 7.2 MB as int64 indices and
-    float64 values, but 0.6 MB as uint8 indices (d = 123) with the values left out, since they are all 1
-    (an empty ``data`` tells the kernels so). Values are never rounded: any other matrix keeps float64 ones.
+    SGD reads one random row per client and step, so its speed is the latency of those reads, which depends
+    on whether the matrix fits in cache: a9a's 451k non-zeros take 7.2 MB as int64 indices and float64
+    values, but 0.6 MB as uint8 indices (d = 123) with the values left out, since they are all 1 (an empty
+    ``data`` tells the kernels so). Matrices with at most 256 distinct values (MNIST's pixel/255) store uint8
+    codes into a ``table`` of them. Every value is kept bit for bit: other matrices keep float64 ``data``.
     """
     indptr = X.indptr.astype(np.int32 if X.nnz < 2**31 else np.int64)
     index_type = next(t for t in (np.uint8, np.uint16, np.int32, np.int64) if X.shape[1] <= np.iinfo(t).max + 1)
-    data = X.data[:0] if np.all(X.data == 1.0) else X.data
-    return indptr, X.indices.astype(index_type), np.ascontiguousarray(data, dtype=np.float64)
+    indices = X.indices.astype(index_type)
+    if np.all(X.data == 1.0):
+        return indptr, indices, X.data[:0].astype(np.float64), None
+    table = np.unique(X.data)
+    if len(table) <= 256:
+        return indptr, indices, np.searchsorted(table, X.data).astype(np.uint8), table.astype(np.float64)
+    return indptr, indices, np.ascontiguousarray(X.data, dtype=np.float64), None
 
 
 def _expit(z: np.ndarray) -> np.ndarray:
