@@ -5,6 +5,7 @@ import pytest
 import scipy.sparse as sp
 
 from stlsgd.data import load_dataset
+from stlsgd.problems import logistic
 from stlsgd.problems.logistic import LogisticRegression
 
 X = sp.csr_matrix(np.array([[1.0, 2.0], [0.0, 1.0]]))
@@ -125,7 +126,8 @@ def test_results_do_not_depend_on_the_thread_count():
 
     rng = np.random.default_rng(2)
     problem = LogisticRegression(sp.csr_matrix(rng.random((40, 5))), np.where(rng.random(40) < 0.5, 1.0, -1.0))
-    rows, lrs = rng.integers(0, 40, size=(30, 7, 1)), np.full(30, 0.5)
+    rows, lrs = rng.integers(0, 40, size=(2400, 7, 1)), np.full(2400, 0.05)  # enough samples to use threads
+    assert rows.size >= logistic._PARALLEL_SAMPLES
     results = []
     for threads in (1, numba.config.NUMBA_NUM_THREADS):
         numba.set_num_threads(threads)

@@ -1,4 +1,4 @@
-"""End to end: `stlsgd sweep` on a small grid (digits 4 vs 9), then `stlsgd report` on its directory."""
+"""End to end: `stlsgd sweep` on a small grid (a9a from ../shared/data), then `stlsgd report` on its directory."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from stlsgd.cli import main
 from stlsgd.experiments.sweep import load_sweep, read_results
 
 SWEEP = """
-name = "ci_small"
+name = "ci_small_a9a"
 seeds = [0, 1]
 
 [base.data]
-dataset = "digits49"
+dataset = "a9a"
 num_clients = 8
 partition = "shared"
 
 [base.run]
-target_gap = 1e-3
+target_gap = 1e-2
 max_rounds = 3000
 
 [[methods]]
@@ -35,24 +35,26 @@ fixed = { "run.eval_every" = 5 }
 method = "local_sgd"
 label = "Local SGD"
 # The first setting is good; the tiny learning rates need far more rounds, so pruning must stop them.
-grid = { lr = [0.8, 0.002, 0.001, 0.0005, 0.0002], k = [20] }
+grid = { lr = [0.4, 0.002, 0.001, 0.0005, 0.0002], k = [20] }
+fixed = { lr_decay = 1e-2 }
 
 [[methods]]
 method = "stl_sc"
 label = "STL-SGD^sc"
-grid = { lr = [0.8], k = [20, 10] }
+grid = { lr = [0.4], k = [200, 100] }
+fixed = { lr_T1 = 0.1 }
 """
 
 
 @pytest.fixture(scope="module")
-def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
+def swept(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tuple[Path, Path, int]:
     root = tmp_path_factory.mktemp("sweep")
     config = root / "small.toml"
     config.write_text(SWEEP)
     out = root / "out"
     # One worker: the good first setting of each row always finishes before the hopeless ones start, so
     # pruning is deterministic (with two, a warm worker can run a slow setting to its budget first).
-    rc = main(["sweep", str(config), "--out", str(out), "--jobs", "1", "--quiet"])
+    rc = main(["sweep", str(config), "--out", str(out), "--jobs", "1", "--quiet", "--data-dir", str(shared_data)])
     return config, out, rc
 
 
@@ -93,10 +95,11 @@ def test_hopeless_runs_are_pruned_not_failed(swept: tuple[Path, Path, int]) -> N
     assert not any(r["status"] == "failed" for r in records)
 
 
-def test_rerun_skips_finished_runs(swept: tuple[Path, Path, int], capsys: pytest.CaptureFixture[str]) -> None:
+def test_rerun_skips_finished_runs(swept: tuple[Path, Path, int], capsys: pytest.CaptureFixture[str],
+                                   shared_data: Path) -> None:
     config, out, _ = swept
     before = (out / "results.jsonl").read_text()
-    assert main(["sweep", str(config), "--out", str(out), "--jobs", "2"]) == 0
+    assert main(["sweep", str(config), "--out", str(out), "--jobs", "2", "--data-dir", str(shared_data)]) == 0
     assert (out / "results.jsonl").read_text() == before
     assert "[1]" not in capsys.readouterr().out  # no run line: nothing ran again
 

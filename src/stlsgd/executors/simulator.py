@@ -180,10 +180,11 @@ def _local_round(rnd, lrs, problem, sampler, state, prox, n_clients, topology) -
 
 def _groups(rounds: Iterator[Round], stop: StopRule, state: RunState, fuse_clients: int, align: int | None
             ) -> Iterator[list[Round]]:
-    """The rounds, one by one -- or, given the number of clients to fuse, runs of single-step rounds (k = 1: SyncSGD, LB-SGD,
-    CR-PSGD) that one ``problem.sync_steps`` call can take at once, since averaging after every step keeps all
-    clients equal. A group ends where the executor must look at the state: an evaluation, the budget, a
-    multiple of ``align`` (checkpoints), a change of batch or proximal term, or SAMPLES_PER_CHUNK samples.
+    """The rounds, one by one -- or, when ``fuse_clients`` (the number of clients) is not 0, runs of one-step
+    rounds (k = 1: SyncSGD, LB-SGD, CR-PSGD) that one ``problem.sync_steps`` call can take at once, since an
+    average after every step keeps all clients equal. A group ends where the executor must look at the state:
+    an evaluation, the budget, a multiple of ``align`` (checkpoints), a change of batch or proximal term, or
+    SAMPLES_PER_CHUNK samples.
     """
     pending: Round | None = None
     while True:

@@ -151,6 +151,10 @@ def _sync_steps(w, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, a
             w[q] -= lr * (grad[q] / per_step + lam * w[q] + gamma_inv * (w[q] - anchor[q]))
 
 
+# Calls with fewer samples than this (short rounds: Non-IID k = 10, tests) run on the calling thread.
+_PARALLEL_SAMPLES = 1 << 14
+
+
 class LogisticRegression:
     """The problem of Eq. 8 on a CSR design matrix with labels in {-1, +1}."""
 
@@ -170,12 +174,14 @@ class LogisticRegression:
 
     def local_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> None:
         gamma_inv, anchor = (0.0, np.zeros(self.dim)) if prox is None else (prox[0], prox[1]["w"])
-        _local_steps(
-            state["w"], *self._rows, self.y, self.lam,
-            np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(lrs, dtype=np.float64),
-            float(gamma_inv), np.ascontiguousarray(anchor, dtype=np.float64).reshape(-1),
-            min(numba.get_num_threads(), state["w"].shape[0]),
-        )
+        W = state["w"]
+        args = (W, *self._rows, self.y, self.lam, np.ascontiguousarray(rows, dtype=np.int64),
+                np.ascontiguousarray(lrs, dtype=np.float64), float(gamma_inv),
+                np.ascontiguousarray(anchor, dtype=np.float64).reshape(-1))
+        if rows.size < _PARALLEL_SAMPLES:  # waking numba's threads would cost more than the steps themselves
+            _client_block(*args, 0, W.shape[0])
+        else:
+            _local_steps(*args, min(numba.get_num_threads(), W.shape[0]))
 
     def sync_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> None:
         """``local_steps`` followed by an average after every step, for clients that start equal (k = 1)."""
