@@ -39,8 +39,8 @@ import multiprocessing as mp
 import os
 import signal
 import statistics
-import time
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
