@@ -1,4 +1,5 @@
-"""A sweep killed outright (SIGKILL, no chance to clean up) leaves no worker computing on."""
+"""Process deaths in a sweep: a sweep killed outright (SIGKILL) leaves no worker computing on, and a killed
+worker costs its runs one retry, not the sweep."""
 
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ from pathlib import Path
 import pytest
 
 SWEEP = """
-name = "long"
+name = "kill"
 [base.data]
 dataset = "digits49"
 num_clients = 8
 [base.run]
 target_gap = 1e-12
-max_iterations = 1_000_000_000
+max_iterations = {max_iterations}
 [[methods]]
 method = "local_sgd"
-grid = { lr = [0.01, 0.02], k = [1000] }
+grid = {{ lr = {lrs}, k = [1000] }}
 """
 
 
@@ -44,7 +45,7 @@ def _alive(pid: int) -> bool:
                     reason="needs Linux /proc children lists")
 def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
     config = tmp_path / "long.toml"
-    config.write_text(SWEEP)
+    config.write_text(SWEEP.format(max_iterations=10**9, lrs=[0.01, 0.02]))
     sweep = subprocess.Popen([sys.executable, "-m", "stlsgd", "sweep", str(config), "--jobs", "2",
                               "--out", str(tmp_path / "out")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -63,25 +64,12 @@ def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
     assert not [w for w in workers if _alive(w)]
 
 
-QUICK = """
-name = "quick"
-[base.data]
-dataset = "digits49"
-num_clients = 8
-[base.run]
-target_gap = 1e-12
-max_iterations = 300_000
-[[methods]]
-method = "local_sgd"
-grid = { lr = [0.01, 0.02, 0.03], k = [1000] }
-"""
-
 
 @pytest.mark.skipif(not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists(),
                     reason="needs Linux /proc children lists")
 def test_a_killed_worker_costs_its_runs_a_retry_not_the_sweep(tmp_path: Path) -> None:
     config = tmp_path / "quick.toml"
-    config.write_text(QUICK)
+    config.write_text(SWEEP.format(max_iterations=300_000, lrs=[0.01, 0.02, 0.03]))
     sweep = subprocess.Popen([sys.executable, "-m", "stlsgd", "sweep", str(config), "--jobs", "2",
                               "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
