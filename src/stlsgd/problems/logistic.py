@@ -174,27 +174,28 @@ class LogisticRegression:
         return {"w": np.zeros((num_clients, self.dim), dtype=np.float64)}
 
     def local_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> None:
-        gamma_inv, anchor = (0.0, np.zeros(self.dim)) if prox is None else (prox[0], prox[1]["w"])
         W = state["w"]
-        args = (W, *self._rows, self.y, self.lam, np.ascontiguousarray(rows, dtype=np.int64),
-                np.ascontiguousarray(lrs, dtype=np.float64), float(gamma_inv),
-                np.ascontiguousarray(anchor, dtype=np.float64).reshape(-1))
-        if rows.size < _PARALLEL_SAMPLES:  # waking numba's threads would cost more than the steps themselves
+        args = (W, *self._step_args(rows, lrs, prox))
+        if rows.size < _PARALLEL_SAMPLES:
             _client_block(*args, 0, W.shape[0])
         else:
             _local_steps(*args, min(numba.get_num_threads(), W.shape[0]))
 
     def sync_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> None:
         """``local_steps`` followed by an average after every step, for clients that start equal (k = 1)."""
-        gamma_inv, anchor = (0.0, np.zeros(self.dim)) if prox is None else (prox[0], prox[1]["w"])
         W = state["w"]
         w = W[0].copy()
         if self._counts is None:
             self._counts = np.zeros(self.num_samples, dtype=np.int64)
-        _sync_steps(w, *self._rows, self.y, self.lam,
-                    np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(lrs, dtype=np.float64),
-                    float(gamma_inv), np.ascontiguousarray(anchor, dtype=np.float64).reshape(-1), self._counts)
+        _sync_steps(w, *self._step_args(rows, lrs, prox), self._counts)
         W[:] = w
+
+    def _step_args(self, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> tuple:
+        """The kernels' arguments after the model: X, y, lambda, the rows, the lrs, 1/gamma and the anchor."""
+        gamma_inv, anchor = (0.0, np.zeros(self.dim)) if prox is None else (prox[0], prox[1]["w"])
+        return (*self._rows, self.y, self.lam, np.ascontiguousarray(rows, dtype=np.int64),
+                np.ascontiguousarray(lrs, dtype=np.float64), float(gamma_inv),
+                np.ascontiguousarray(anchor, dtype=np.float64).reshape(-1))
 
     def loss(self, w: np.ndarray) -> float:
         margins = self.y * (self.X @ w)
