@@ -6,7 +6,7 @@ import pytest
 from stlsgd.algorithms import CRPSGD, STLSGD, LocalSGD, SyncSGD
 from stlsgd.data import load_dataset, make_partition
 from stlsgd.executors.sampling import Sampler
-from stlsgd.executors.simulator import StopRule, Topology, init_run_state, run
+from stlsgd.executors.simulator import LOCAL, StopRule, Topology, init_run_state, run
 from stlsgd.problems.logistic import LogisticRegression
 
 
@@ -131,12 +131,12 @@ def test_fused_synchronous_rounds_equal_round_by_round(digits, plan):
     partition = make_partition(ds.y, 4, "split", seed=1)
     stop = StopRule(max_rounds=40, eval_every=7)
     seen = {}
-    for name, topology in (("fused", None), ("one by one", Topology())):
+    for name, topology in (("fused", LOCAL), ("one by one", Topology())):
         sampler = Sampler(partition, 3)
         rounds = []
-        kwargs = {} if topology is None else {"topology": topology}
         state = run(plan, problem, sampler, stop, init_run_state(problem, sampler, 4, 3), progress=False,
-                    on_metrics=lambda m: None, on_round=lambda st, rnd: rounds.append(st.round), align=5, **kwargs)
+                    on_metrics=lambda m: None, on_round=lambda st, rnd: rounds.append(st.round), align=5,
+                    topology=topology)
         seen[name] = (state, rounds)
     fused, one = seen["fused"][0], seen["one by one"][0]
     np.testing.assert_allclose(fused.clients["w"], one.clients["w"], rtol=1e-11, atol=1e-14)

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.skipif(not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists(),
+                                reason="needs Linux /proc children lists")
+
 SWEEP = """
 name = "kill"
 [base.data]
@@ -34,6 +37,11 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def _workers(pid: int) -> set[int]:
+    """The sweep's worker processes: its children but multiprocessing's resource tracker."""
+    return {c for c in _children(pid) if "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_text()}
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
@@ -41,8 +49,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.skipif(not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists(),
-                    reason="needs Linux /proc children lists")
 def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
     config = tmp_path / "long.toml"
     config.write_text(SWEEP.format(max_iterations=10**9, lrs=[0.01, 0.02]))
@@ -53,8 +59,8 @@ def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
         while len(list((tmp_path / "out").glob("runs/*/metrics.jsonl"))) < 2:  # both workers are computing
             assert sweep.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
-        workers = _children(sweep.pid)
-        assert len(workers) >= 2
+        workers = _workers(sweep.pid)
+        assert len(workers) == 2
     finally:
         sweep.send_signal(signal.SIGKILL)
         sweep.wait()
@@ -64,9 +70,6 @@ def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
     assert not [w for w in workers if _alive(w)]
 
 
-
-@pytest.mark.skipif(not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists(),
-                    reason="needs Linux /proc children lists")
 def test_a_killed_worker_costs_its_runs_a_retry_not_the_sweep(tmp_path: Path) -> None:
     config = tmp_path / "quick.toml"
     config.write_text(SWEEP.format(max_iterations=300_000, lrs=[0.01, 0.02, 0.03]))
@@ -76,17 +79,10 @@ def test_a_killed_worker_costs_its_runs_a_retry_not_the_sweep(tmp_path: Path) ->
     while len(list((tmp_path / "out").glob("runs/*/metrics.jsonl"))) < 1:
         assert sweep.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
-    os.kill(min(_children(sweep.pid) - {_tracker(sweep.pid)}), signal.SIGKILL)
+    os.kill(min(_workers(sweep.pid)), signal.SIGKILL)
     output = sweep.communicate(timeout=300)[0].decode()
     assert sweep.returncode == 0, output
     records = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert sorted(r["settings"]["lr"] for r in records if r["phase"] == "grid") == [0.01, 0.02, 0.03]
     assert all(r["status"] == "budget" for r in records), [r["error"] for r in records]
 
-
-def _tracker(pid: int) -> int | None:
-    """multiprocessing's resource tracker, the one child of the sweep that is not a worker."""
-    for child in _children(pid):
-        if "resource_tracker" in Path(f"/proc/{child}/cmdline").read_text():
-            return child
-    return None
