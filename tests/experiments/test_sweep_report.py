@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,29 @@ def test_rerun_skips_finished_runs(swept: tuple[Path, Path, int], capsys: pytest
     assert main(["sweep", str(config), "--out", str(out), "--jobs", "2", "--data-dir", str(shared_data)]) == 0
     assert (out / "results.jsonl").read_text() == before
     assert "[1]" not in capsys.readouterr().out  # no run line: nothing ran again
+
+
+def test_edited_sweep_file_chooses_only_among_its_own_runs(swept: tuple[Path, Path, int], tmp_path: Path,
+                                                            shared_data: Path) -> None:
+    config, out, _ = swept
+    edited_out = tmp_path / "out"
+    shutil.copytree(out, edited_out)
+    edited = tmp_path / "edited.toml"
+    # SyncSGD now evaluates every 10 rounds: both its settings are new configs, and its old records (every
+    # 5 rounds, so possibly fewer rounds to target) must neither win, nor be counted, nor prune the new ones.
+    edited.write_text(config.read_text().replace('fixed = { "run.eval_every" = 5 }', 'fixed = { "run.eval_every" = 10 }'))
+    old = read_results(out / "results.jsonl")
+    assert main(["sweep", str(edited), "--out", str(edited_out), "--jobs", "1", "--quiet",
+                 "--data-dir", str(shared_data)]) == 0
+    records = read_results(edited_out / "results.jsonl")
+    assert records[:len(old)] == old  # the earlier runs stay on disk
+    new_keys = {s.key for s in load_sweep(edited).grid if s.label == "SyncSGD"}
+    new_grid = [r for r in records if r["label"] == "SyncSGD" and r["phase"] == "grid" and r["key"] in new_keys]
+    assert len(new_grid) == 2 and all(r["status"] == "reached" for r in new_grid)
+    sync = json.loads((edited_out / "best.json").read_text())["methods"]["SyncSGD"]
+    assert sync["tried"] == {"reached": 2, "pruned": 0, "budget": 0, "diverged": 0, "failed": 0, "planned": 2}
+    assert sync["key"] in new_keys
+    assert all(v["rounds_to_target"] % 10 == 0 for v in sync["seeds"].values())
 
 
 def test_report_writes_table_and_figures(swept: tuple[Path, Path, int], tmp_path: Path) -> None:

@@ -350,6 +350,27 @@ def _record(spec: RunSpec, summary: dict[str, Any] | None, error: str | None) ->
     }
 
 
+def current_records(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of runs that this version of the sweep file asks for.
+
+    ``results.jsonl`` also keeps the runs of earlier versions of the file (a grid value, budget or fixed
+    field since edited): they stay on disk, but a setting's old config must neither be chosen, nor counted,
+    nor bound the pruning of its new one.
+    """
+    grid = {(s.label, s.key) for s in sweep.grid}
+    by_setting = {(s.label, json.dumps(s.settings, sort_keys=True)): s for s in sweep.grid}
+    kept = []
+    for r in records:
+        if r["phase"] == "grid":
+            current = (r["label"], r["key"]) in grid
+        else:
+            spec = by_setting.get((r["label"], json.dumps(r["settings"], sort_keys=True)))
+            current = spec is not None and r["key"] == _with_seed(spec, r["seed"], 0).key
+        if current:
+            kept.append(r)
+    return kept
+
+
 def best_of(records: list[dict[str, Any]], label: str) -> dict[str, Any] | None:
     """The label's grid run with the fewest rounds to target (ties: fewer iterations, then grid order)."""
     reached = [r for r in records if r["label"] == label and r["phase"] == "grid" and r["status"] == "reached"]
@@ -377,11 +398,12 @@ class _Scheduler:
     def __init__(self, sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool) -> None:
         self.sweep, self.out, self.quiet = sweep, out, quiet
         self.results_path = out / RESULTS
-        self.records = read_results(self.results_path)
+        self.records = read_results(self.results_path)  # every run on disk: a finished config is not redone
+        self.current = current_records(sweep, self.records)  # what this sweep file chooses from and counts
         ctx = mp.get_context("spawn")  # numba and torch are not fork-safe; workers start clean
         self.bound = ctx.RawArray("q", len(sweep.labels))
         for i, label in enumerate(sweep.labels):
-            best = best_of(self.records, label) if sweep.prune else None
+            best = best_of(self.current, label) if sweep.prune else None
             self.bound[i] = best["rounds_to_target"] if best else NO_BOUND
         self._pool_args = {"max_workers": jobs, "mp_context": ctx, "initializer": _init_worker,
                            "initargs": (self.bound, data_dir, jobs)}
@@ -396,12 +418,13 @@ class _Scheduler:
     def _keep(self, record: dict[str, Any]) -> None:
         _append(self.results_path, record)
         self.records.append(record)
+        self.current.append(record)
         if record["phase"] == "grid" and record["status"] == "reached" and self.sweep.prune:
             i = self.sweep.labels.index(record["label"])
             self.bound[i] = min(self.bound[i], record["rounds_to_target"])
         self.done_count += 1
         # best.json follows every result, so an interrupted sweep can still be reported (marked incomplete).
-        write_best(self.out, self.sweep, self.records, complete=False)
+        write_best(self.out, self.sweep, self.current, complete=False)
         if not self.quiet:
             print(f"[{self.done_count}] {_describe(record)}", flush=True)
 
@@ -547,7 +570,7 @@ def run_sweep(config: str | Path, out: Path | None = None, *, jobs: int | None =
         reruns: list[RunSpec] = []
         order = len(sweep.grid)
         for label in sweep.labels:
-            best = best_of(scheduler.records, label)
+            best = best_of(scheduler.current, label)
             if best is None:
                 continue
             spec = next(s for s in sweep.grid if s.key == best["key"] and s.label == label)
@@ -558,7 +581,7 @@ def run_sweep(config: str | Path, out: Path | None = None, *, jobs: int | None =
         scheduler.run(reruns)
     finally:
         scheduler.close()
-    best = write_best(out, sweep, scheduler.records, complete=True, wall_s=time.perf_counter() - started)
+    best = write_best(out, sweep, scheduler.current, complete=True, wall_s=time.perf_counter() - started)
     if not quiet:
         for label, info in best["methods"].items():
             if info.get("median") is None:
@@ -594,5 +617,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_sweep)
 
 
-__all__ = ["MethodGrid", "RunSpec", "Sweep", "SweepSpec", "best_of", "config_key", "execute",
+__all__ = ["MethodGrid", "RunSpec", "Sweep", "SweepSpec", "best_of", "config_key", "current_records", "execute",
            "load_sweep", "read_results", "register", "run_sweep", "summarize_best", "write_best"]
