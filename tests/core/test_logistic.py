@@ -79,20 +79,35 @@ def test_many_steps_match_a_plain_loop(values):
     y = np.where(rng.random(400) < 0.5, 1.0, -1.0)
     problem = LogisticRegression(sp.csr_matrix(dense), y)
     data, table = problem._rows[2:]
-    assert (data.dtype, table is None, len(data)) == {
-        "float": (np.float64, True, mask.sum()), "few": (np.uint8, False, mask.sum()), "ones": (np.float64, True, 0)}[values]
-    state = problem.init_state(3)
-    rows = rng.integers(0, 400, size=(40, 3, 2))
+    assert (None if data is None else data.dtype, table is None) == {
+        "float": (np.float64, True), "few": (np.uint8, False), "ones": (None, True)}[values]
+    state = problem.init_state(6)  # four clients' margins are summed together, then the other two
+    rows = rng.integers(0, 400, size=(40, 6, 2))
     lrs = 1.0 / (1 + 0.01 * np.arange(40))
     problem.local_steps(state, rows, lrs, None)
-    w = np.zeros((3, 7))
+    w = np.zeros((6, 7))
     for t in range(40):
-        for c in range(3):
+        for c in range(6):
             batch = dense[rows[t, c]]
             m = y[rows[t, c]] * (batch @ w[c])
             grad = batch.T @ (-y[rows[t, c]] / (1 + np.exp(m))) / 2 + problem.lam * w[c]
             w[c] -= lrs[t] * grad
     np.testing.assert_allclose(state["w"], w, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("values", ["float", "few", "ones"])
+def test_margins_four_at_a_time_are_each_rows_own_sum_bit_for_bit(values):
+    # Rows of every length, empty ones included, so that the four sums run past each other's ends.
+    rng = np.random.default_rng(3)
+    dense = {"float": rng.random((60, 30)), "few": rng.integers(1, 5, (60, 30)) / 4, "ones": np.ones((60, 30))}[values]
+    dense = dense * (rng.random((60, 30)) < np.linspace(0.0, 1.0, 60)[:, None])
+    problem = LogisticRegression(sp.csr_matrix(dense), np.ones(60))
+    W, rows = rng.normal(size=(23, 30)), rng.integers(0, 60, size=23)
+    out = np.empty(23)
+    logistic._margins(W, *problem._rows, rows, out)
+    expected = [logistic._dot(W[i], *problem._rows, rows[i]) for i in range(23)]
+    assert out.tolist() == expected
+    np.testing.assert_allclose(out, (dense[rows] * W).sum(axis=1), rtol=1e-13)
 
 
 def test_newton_optimum_is_stationary_and_cached(tmp_path, shared_data):

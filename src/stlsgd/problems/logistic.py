@@ -37,27 +37,66 @@ def _value(data, table, p):  # pragma: no cover
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _term(w, indices, data, table, p):  # pragma: no cover
+    """The p-th stored value of X times its coordinate of w; ``data`` None means every stored value of X
+    is 1 (binary features, as in a9a)."""
+    if data is None:
+        return w[indices[p]]
+    return _value(data, table, p) * w[indices[p]]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _dot(w, indptr, indices, data, table, r):  # pragma: no cover
-    """x_r^T w; an empty ``data`` means every stored value of X is 1 (binary features, as in a9a)."""
+    """x_r^T w, its terms summed in the row's stored order."""
     m = 0.0
-    if data.shape[0] == 0:
-        for p in range(indptr[r], indptr[r + 1]):
-            m += w[indices[p]]
-    else:
-        for p in range(indptr[r], indptr[r + 1]):
-            m += _value(data, table, p) * w[indices[p]]
+    for p in range(indptr[r], indptr[r + 1]):
+        m += _term(w, indices, data, table, p)
     return m
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _add(w, indptr, indices, data, table, r, a):  # pragma: no cover
     """w += a x_r."""
-    if data.shape[0] == 0:
+    if data is None:
         for p in range(indptr[r], indptr[r + 1]):
             w[indices[p]] += a
     else:
         for p in range(indptr[r], indptr[r + 1]):
             w[indices[p]] += a * _value(data, table, p)
+
+
+@numba.njit(cache=True, nogil=True)
+def _margins(W, indptr, indices, data, table, rows, out):  # pragma: no cover
+    """out[i] = x_{rows[i]}^T W[i] for every i, each exactly as :func:`_dot` sums it.
+
+    Four rows at a time: one sum is a chain of additions, each waiting on the last, and four independent
+    chains let the CPU overlap them and their rows' cache misses. Each keeps its row's order of terms.
+    """
+    i = 0
+    while i + 4 <= rows.shape[0]:
+        w0, w1, w2, w3 = W[i], W[i + 1], W[i + 2], W[i + 3]
+        r0, r1, r2, r3 = rows[i], rows[i + 1], rows[i + 2], rows[i + 3]
+        p0, p1, p2, p3 = indptr[r0], indptr[r1], indptr[r2], indptr[r3]
+        e0, e1, e2, e3 = indptr[r0 + 1], indptr[r1 + 1], indptr[r2 + 1], indptr[r3 + 1]
+        shared = min(min(e0 - p0, e1 - p1), min(e2 - p2, e3 - p3))
+        m0 = m1 = m2 = m3 = 0.0
+        for j in range(shared):
+            m0 += _term(w0, indices, data, table, p0 + j)
+            m1 += _term(w1, indices, data, table, p1 + j)
+            m2 += _term(w2, indices, data, table, p2 + j)
+            m3 += _term(w3, indices, data, table, p3 + j)
+        for p in range(p0 + shared, e0):
+            m0 += _term(w0, indices, data, table, p)
+        for p in range(p1 + shared, e1):
+            m1 += _term(w1, indices, data, table, p)
+        for p in range(p2 + shared, e2):
+            m2 += _term(w2, indices, data, table, p)
+        for p in range(p3 + shared, e3):
+            m3 += _term(w3, indices, data, table, p)
+        out[i], out[i + 1], out[i + 2], out[i + 3] = m0, m1, m2, m3
+        i += 4
+    for i in range(i, rows.shape[0]):
+        out[i] = _dot(W[i], indptr, indices, data, table, rows[i])
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -84,19 +123,20 @@ def _client_block(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv,
     n_steps, _, batch = rows.shape
     coef = np.empty(batch)
     scale = np.ones(last - first)
+    margins = np.empty((batch, last - first))
     # Steps outer, clients inner: the clients' independent updates let the CPU overlap their cache misses.
     for t in range(n_steps):
         lr = lrs[t]
         shrink = 1.0 - lr * lam
+        # Every gradient coefficient is taken at the old w, before any coordinate moves.
+        for j in range(batch):
+            _margins(W[first:last], indptr, indices, data, table, rows[t, first:last, j], margins[j])
         for c in range(first, last):
             w = W[c]
             sc = scale[c - first]
-            # Every gradient coefficient is taken at the old w, before any coordinate moves.
             for j in range(batch):
-                r = rows[t, c, j]
-                m = _dot(w, indptr, indices, data, table, r)
-                yr = y[r]
-                coef[j] = -yr * _sigmoid(-yr * m * sc) / batch
+                yr = y[rows[t, c, j]]
+                coef[j] = -yr * _sigmoid(-yr * margins[j, c - first] * sc) / batch
             if gamma_inv > 0.0:
                 for q in range(d):
                     w[q] -= lr * (lam * w[q] + gamma_inv * (w[q] - anchor[q]))
@@ -131,21 +171,30 @@ def _sync_steps(w, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, a
     per_step = flat.shape[1]
     grad = np.empty(d)
     by_count = per_step * 16 >= n
+    visit = np.empty(n if by_count else per_step, dtype=flat.dtype)
+    margins = np.empty(visit.shape[0])
+    same_w = np.broadcast_to(w, (visit.shape[0], d))  # every row's margin is taken at the one model
     for t in range(n_steps):
         grad[:] = 0.0
         if by_count:
             for r in flat[t]:
                 counts[r] += 1
+            n_visit = 0
             for r in range(n):
-                if counts[r] == 0:
-                    continue
-                m = _dot(w, indptr, indices, data, table, r)
-                _add(grad, indptr, indices, data, table, r, -counts[r] * y[r] * _sigmoid(-y[r] * m))
-                counts[r] = 0
+                if counts[r] != 0:
+                    visit[n_visit] = r
+                    n_visit += 1
         else:
-            for r in flat[t]:
-                m = _dot(w, indptr, indices, data, table, r)
-                _add(grad, indptr, indices, data, table, r, -y[r] * _sigmoid(-y[r] * m))
+            visit[:] = flat[t]
+            n_visit = per_step
+        _margins(same_w, indptr, indices, data, table, visit[:n_visit], margins)
+        for i in range(n_visit):
+            r = visit[i]
+            if by_count:
+                _add(grad, indptr, indices, data, table, r, -counts[r] * y[r] * _sigmoid(-y[r] * margins[i]))
+                counts[r] = 0
+            else:
+                _add(grad, indptr, indices, data, table, r, -y[r] * _sigmoid(-y[r] * margins[i]))
         lr = lrs[t]
         for q in range(d):
             w[q] -= lr * (grad[q] / per_step + lam * w[q] + gamma_inv * (w[q] - anchor[q]))
@@ -263,20 +312,21 @@ class LogisticRegression:
         return self._fstar
 
 
-def _compact_rows(X: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+def _compact_rows(X: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """X's CSR arrays in the smallest exact form, for the kernels: (indptr, indices, data, table).
 
     SGD reads one random row per client and step, so its speed is the latency of those reads, which depends
     on whether the matrix fits in cache: a9a's 451k non-zeros take 7.2 MB as int64 indices and float64
-    values, but 0.6 MB as uint8 indices (d = 123) with the values left out, since they are all 1 (an empty
-    ``data`` tells the kernels so). Matrices with at most 256 distinct values (MNIST's pixel/255) store uint8
+    values, but 0.6 MB as uint8 indices (d = 123) with the values left out, since they are all 1 (``data`` None
+    tells the kernels so). Matrices with at most 256 distinct values (MNIST's pixel/255) store uint8
     codes into a ``table`` of them. Every value is kept bit for bit: other matrices keep float64 ``data``.
     """
-    indptr = X.indptr.astype(np.int32 if X.nnz < 2**31 else np.int64)
-    index_type = next(t for t in (np.uint8, np.uint16, np.int32, np.int64) if X.shape[1] <= np.iinfo(t).max + 1)
+    # Unsigned offsets: the compiled loops then index without checking for negative (wrap-around) indices.
+    indptr = X.indptr.astype(np.uint32 if X.nnz < 2**32 else np.uint64)
+    index_type = next(t for t in (np.uint8, np.uint16, np.uint32, np.uint64) if X.shape[1] <= np.iinfo(t).max + 1)
     indices = X.indices.astype(index_type)
     if np.all(X.data == 1.0):
-        return indptr, indices, X.data[:0].astype(np.float64), None
+        return indptr, indices, None, None
     table = np.unique(X.data)
     if len(table) <= 256:
         return indptr, indices, np.searchsorted(table, X.data).astype(np.uint8), table.astype(np.float64)
