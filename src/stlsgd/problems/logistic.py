@@ -30,7 +30,10 @@ def _sigmoid(z: float) -> float:
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _value(data, table, p):  # pragma: no cover
-    """The p-th stored value of X: ``data[p]``, or ``table[data[p]]`` when ``data`` holds codes."""
+    """The p-th stored value of X: ``data[p]``, ``table[data[p]]`` when ``data`` holds codes, or 1 when
+    ``data`` is None (binary features, as in a9a; the compiler then drops the multiplications by 1)."""
+    if data is None:
+        return 1.0
     if table is None:
         return data[p]
     return table[data[p]]
@@ -38,10 +41,7 @@ def _value(data, table, p):  # pragma: no cover
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _term(w, indices, data, table, p):  # pragma: no cover
-    """The p-th stored value of X times its coordinate of w; ``data`` None means every stored value of X
-    is 1 (binary features, as in a9a)."""
-    if data is None:
-        return w[indices[p]]
+    """The p-th stored value of X times its coordinate of w."""
     return _value(data, table, p) * w[indices[p]]
 
 
@@ -57,12 +57,8 @@ def _dot(w, indptr, indices, data, table, r):  # pragma: no cover
 @numba.njit(cache=True, nogil=True, inline="always")
 def _add(w, indptr, indices, data, table, r, a):  # pragma: no cover
     """w += a x_r."""
-    if data is None:
-        for p in range(indptr[r], indptr[r + 1]):
-            w[indices[p]] += a
-    else:
-        for p in range(indptr[r], indptr[r + 1]):
-            w[indices[p]] += a * _value(data, table, p)
+    for p in range(indptr[r], indptr[r + 1]):
+        w[indices[p]] += a * _value(data, table, p)
 
 
 @numba.njit(cache=True, nogil=True)
