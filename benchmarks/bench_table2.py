@@ -7,6 +7,12 @@ Prints, per column, the wall time, the runs by status and the summed run time (t
 pruning and parallelism had to absorb), then the total against the 20-minute target (ratio < 1 meets it) and
 the load average, since other processes on the machine slow every figure down. A finished column is skipped
 on a rerun into the same --out (results.jsonl), so time a fresh --out.
+
+Then, per column, a floor under any schedule of the same grids: the client-steps of the Local SGD and
+STL-SGD runs (the bulk of the work) had every row's best run finished first, so that every other run is
+pruned as early as the rule allows -- times the local-step cost measured on the column's problem afterwards,
+alone on the machine, divided by --jobs. Evaluations, averaging and the k = 1 methods are left out, so the
+sweep cannot beat it; the last line compares the floor's total to the target.
 """
 
 from __future__ import annotations
@@ -18,7 +24,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from stlsgd.experiments.sweep import read_results, run_sweep
+import numpy as np
+
+from stlsgd.executors.sampling import Sampler
+from stlsgd.experiments.build import build, build_plan
+from stlsgd.experiments.config import read_raw, validate
+from stlsgd.experiments.sweep import load_sweep, read_results, run_sweep
+from stlsgd.threads import share_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("a9a_iid", "a9a_noniid", "mnist_iid", "mnist_noniid")
@@ -40,10 +52,74 @@ def time_sweeps(configs: list[Path], out: Path, *, jobs: int, data_dir: str | No
         records = read_results(out / column / "results.jsonl")
         serial = sum(r["wall_s"] or 0.0 for r in records)
         statuses = dict(Counter(r["status"] for r in records))
+        ratio = f"x{serial / wall:.2f} of wall" if wall >= 1.0 else "all finished before this run"
         print(f"{column}: wall {wall:.1f} s, {len(records)} runs {statuses}, summed run time {serial:.1f} s "
-              f"(x{serial / wall:.2f} of wall), load {os.getloadavg()[0]:.2f}", flush=True)
+              f"({ratio}), load {os.getloadavg()[0]:.2f}", flush=True)
     print(f"total: {total:.1f} s for {len(configs)} sweeps; target {target_s:.0f} s; ratio {total / target_s:.2f}")
+    floor = 0.0
+    for config in configs:
+        simulated, needed = local_client_steps(out / config.stem)
+        step_s = local_step_seconds(config, data_dir, jobs)
+        floor += needed * step_s / jobs
+        print(f"{config.stem}: Local SGD + STL-SGD client-steps {simulated / 1e9:.2f} G simulated, {needed / 1e9:.2f} G "
+              f"with every row's best run first; {step_s * 1e9:.0f} ns per client-step -> floor "
+              f"{needed * step_s / jobs:.0f} s on {jobs} job(s)", flush=True)
+    print(f"floor total: {floor:.0f} s; target {target_s:.0f} s; floor / target {floor / target_s:.2f}")
     return total
+
+
+LOCAL_METHODS = ("local_sgd", "stl_sc")
+
+
+def local_client_steps(sweep_dir: Path) -> tuple[int, int]:
+    """(client-steps the sweep's Local SGD and STL-SGD^sc runs took, those they need at the least): each grid
+    run stopped at the round after the best finished round count among its rows, or at its own end if
+    earlier or if a row it belongs to has no finished run; seed reruns count whole."""
+    records = read_results(sweep_dir / "results.jsonl")
+    best: dict[str, int] = {}
+    labels: dict[str, set[str]] = {}
+    for r in records:
+        labels.setdefault(r["key"], set()).add(r["label"])
+        if r["status"] == "reached" and r["phase"] == "grid":
+            best[r["label"]] = min(best.get(r["label"], r["rounds_to_target"]), r["rounds_to_target"])
+    simulated = needed = 0
+    for key in labels:
+        r = next(r for r in records if r["key"] == key)
+        if r["method"] not in LOCAL_METHODS:
+            continue
+        exp = validate(read_raw(sweep_dir / r["run_dir"] / "config.yaml"), r["run_dir"])
+        bounds = [best.get(label) for label in labels[key]]
+        stop = r["rounds"]
+        if r["phase"] == "grid" and None not in bounds:
+            stop = min(stop, max(bounds) + 1)
+        plan = build_plan(exp.algorithm, num_samples=r["num_samples"], num_clients=exp.data.num_clients,
+                          lam=exp.problem.lam or 1.0 / r["num_samples"],
+                          iid_default=exp.data.partition in ("shared", "split"))
+        per_step = exp.data.num_clients * exp.algorithm.batch
+        simulated += r["iterations"] * per_step
+        needed += next(rnd.end_iteration for rnd in plan.rounds() if rnd.index + 1 >= stop) * per_step
+    return simulated, needed
+
+
+def local_step_seconds(config: Path, data_dir: str | None, jobs: int, steps: int = 400, repeats: int = 30) -> float:
+    """Seconds per client-step of the compiled local steps on ``config``'s problem and partition, with a sweep
+    worker's share of the cores (best of ``repeats`` calls of ``steps`` steps of every client, batch 1, fresh
+    rows each call)."""
+    share_cores(jobs)
+    spec = next(s for s in load_sweep(config).grid if s.method in LOCAL_METHODS)
+    built = build(validate(spec.config, str(config)), data_dir)
+    n = built.partition.num_clients
+    sampler = Sampler(built.partition, seed=0)
+    state = built.problem.init_state(n)
+    lrs = np.full(steps, 1e-3)
+    built.problem.local_steps(state, sampler.draw(steps, 1), lrs, None)  # compile / warm up
+    best = float("inf")
+    for _ in range(repeats):
+        rows = sampler.draw(steps, 1)
+        started = time.perf_counter()
+        built.problem.local_steps(state, rows, lrs, None)
+        best = min(best, time.perf_counter() - started)
+    return best / (steps * n)
 
 
 def main() -> None:

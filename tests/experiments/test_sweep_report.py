@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -126,6 +127,35 @@ def test_edited_sweep_file_chooses_only_among_its_own_runs(swept: tuple[Path, Pa
     assert sync["tried"] == {"reached": 2, "pruned": 0, "budget": 0, "diverged": 0, "failed": 0, "planned": 2}
     assert sync["key"] in new_keys
     assert all(v["rounds_to_target"] % 10 == 0 for v in sync["seeds"].values())
+
+
+def _bench_table2():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_table2.py"
+    spec = importlib.util.spec_from_file_location("bench_table2", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_client_step_floor_stops_each_run_just_past_its_rows_best(swept: tuple[Path, Path, int],
+                                                                  tmp_path: Path) -> None:
+    _, out, _ = swept
+    floor = _bench_table2().local_client_steps
+    records = read_results(out / "results.jsonl")
+    local = [r for r in records if r["method"] in ("local_sgd", "stl_sc")]
+    taken = sum(r["iterations"] for r in {r["key"]: r for r in local}.values()) * 8  # 8 clients, batch 1
+    # One worker ran each row's best setting first, so every other run stopped as early as the rule allows.
+    assert floor(out) == (taken, taken)
+    # Had a Local SGD run been pruned 50 rounds late (its row's best unknown yet), 49 of those rounds (k = 20,
+    # 8 clients) were more than needed: it need only run one round past the best.
+    best = min(r["rounds_to_target"] for r in local if r["label"] == "Local SGD" and r["status"] == "reached")
+    late = next(r for r in local if r["label"] == "Local SGD" and r["status"] == "pruned")
+    assert late["rounds"] == best + 1
+    late.update(rounds=best + 50, iterations=20 * (best + 50))
+    doctored = tmp_path / "late"
+    shutil.copytree(out, doctored)
+    (doctored / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert floor(doctored) == (taken + 49 * 20 * 8, taken)
 
 
 def test_report_writes_table_and_figures(swept: tuple[Path, Path, int], tmp_path: Path) -> None:
