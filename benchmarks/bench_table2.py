@@ -8,9 +8,9 @@ pruning and parallelism had to absorb), then the total against the 20-minute tar
 the load average, since other processes on the machine slow every figure down. A finished column is skipped
 on a rerun into the same --out (results.jsonl), so time a fresh --out.
 
-Then, per column, a floor under any schedule of the same grids: the client-steps of the Local SGD and
-STL-SGD runs (the bulk of the work) had every row's best run finished first, so that every other run is
-pruned as early as the rule allows -- times the local-step cost measured on the column's problem afterwards,
+Then, per column, a floor under any schedule of the same grids: the client-steps the Local SGD and STL-SGD
+runs (the bulk of the work) would take had every row's best run finished first, so that every other run is
+pruned as early as the rule allows, times the local-step cost measured on the column's problem afterwards,
 alone on the machine, divided by --jobs. Evaluations, averaging and the k = 1 methods are left out, so the
 sweep cannot beat it; the last line compares the floor's total to the target.
 """
@@ -78,13 +78,14 @@ def local_client_steps(sweep_dir: Path) -> tuple[int, int]:
     records = read_results(sweep_dir / "results.jsonl")
     best: dict[str, int] = {}
     labels: dict[str, set[str]] = {}
+    first: dict[str, dict] = {}  # a run shared by two rows is recorded under each; count it once
     for r in records:
         labels.setdefault(r["key"], set()).add(r["label"])
+        first.setdefault(r["key"], r)
         if r["status"] == "reached" and r["phase"] == "grid":
             best[r["label"]] = min(best.get(r["label"], r["rounds_to_target"]), r["rounds_to_target"])
     simulated = needed = 0
-    for key in labels:
-        r = next(r for r in records if r["key"] == key)
+    for key, r in first.items():
         if r["method"] not in LOCAL_METHODS:
             continue
         exp = validate(read_raw(sweep_dir / r["run_dir"] / "config.yaml"), r["run_dir"])
