@@ -29,7 +29,7 @@ import numpy as np
 from stlsgd.executors.sampling import Sampler
 from stlsgd.experiments.build import build, build_plan
 from stlsgd.experiments.config import read_raw, validate
-from stlsgd.experiments.sweep import load_sweep, read_results, run_sweep
+from stlsgd.experiments.sweep import best_of, current_records, load_sweep, read_results, run_sweep
 from stlsgd.threads import share_cores
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def time_sweeps(configs: list[Path], out: Path, *, jobs: int, data_dir: str | No
     print(f"total: {total:.1f} s for {len(configs)} sweeps; target {target_s:.0f} s; ratio {total / target_s:.2f}")
     floor = 0.0
     for config in configs:
-        simulated, needed = local_client_steps(out / config.stem)
+        simulated, needed = local_client_steps(config, out / config.stem)
         step_s = local_step_seconds(config, data_dir, jobs)
         floor += needed * step_s / jobs
         print(f"{config.stem}: Local SGD + STL-SGD client-steps {simulated / 1e9:.2f} G simulated, {needed / 1e9:.2f} G "
@@ -71,25 +71,25 @@ def time_sweeps(configs: list[Path], out: Path, *, jobs: int, data_dir: str | No
 LOCAL_METHODS = ("local_sgd", "stl_sc")
 
 
-def local_client_steps(sweep_dir: Path) -> tuple[int, int]:
-    """(client-steps the sweep's Local SGD and STL-SGD^sc runs took, those they need at the least): each grid
-    run stopped at the round after the best finished round count among its rows, or at its own end if
-    earlier or if a row it belongs to has no finished run; seed reruns count whole."""
-    records = read_results(sweep_dir / "results.jsonl")
-    best: dict[str, int] = {}
+def local_client_steps(config: Path, sweep_dir: Path) -> tuple[int, int]:
+    """(client-steps the Local SGD and STL-SGD^sc runs of sweep file ``config`` took in ``sweep_dir``, those
+    they need at the least): each grid run stopped at the round after the best finished round count among its
+    rows, or at its own end if earlier or if a row it belongs to has no finished run; seed reruns count whole.
+    Runs of earlier versions of the file are left out, as the sweep leaves them out of its choice."""
+    sweep = load_sweep(config)
+    records = current_records(sweep, read_results(sweep_dir / "results.jsonl"))
+    best = {label: best_of(records, label) for label in sweep.labels}
     labels: dict[str, set[str]] = {}
     first: dict[str, dict] = {}  # a run shared by two rows is recorded under each; count it once
     for r in records:
         labels.setdefault(r["key"], set()).add(r["label"])
         first.setdefault(r["key"], r)
-        if r["status"] == "reached" and r["phase"] == "grid":
-            best[r["label"]] = min(best.get(r["label"], r["rounds_to_target"]), r["rounds_to_target"])
     simulated = needed = 0
     for key, r in first.items():
         if r["method"] not in LOCAL_METHODS:
             continue
         exp = validate(read_raw(sweep_dir / r["run_dir"] / "config.yaml"), r["run_dir"])
-        bounds = [best.get(label) for label in labels[key]]
+        bounds = [best[label] and best[label]["rounds_to_target"] for label in labels[key]]
         stop = r["rounds"]
         if r["phase"] == "grid" and None not in bounds:
             stop = min(stop, max(bounds) + 1)

@@ -139,13 +139,13 @@ def _bench_table2():
 
 def test_client_step_floor_stops_each_run_just_past_its_rows_best(swept: tuple[Path, Path, int],
                                                                   tmp_path: Path) -> None:
-    _, out, _ = swept
-    floor = _bench_table2().local_client_steps
+    config, out, _ = swept
+    count = _bench_table2().local_client_steps
     records = read_results(out / "results.jsonl")
     local = [r for r in records if r["method"] in ("local_sgd", "stl_sc")]
     taken = sum(r["iterations"] for r in {r["key"]: r for r in local}.values()) * 8  # 8 clients, batch 1
     # One worker ran each row's best setting first, so every other run stopped as early as the rule allows.
-    assert floor(out) == (taken, taken)
+    assert count(config, out) == (taken, taken)
     # Had a Local SGD run been pruned 50 rounds late (its row's best unknown yet), 49 of those rounds (k = 20,
     # 8 clients) were more than needed: it need only run one round past the best.
     best = min(r["rounds_to_target"] for r in local if r["label"] == "Local SGD" and r["status"] == "reached")
@@ -155,7 +155,7 @@ def test_client_step_floor_stops_each_run_just_past_its_rows_best(swept: tuple[P
     doctored = tmp_path / "late"
     shutil.copytree(out, doctored)
     (doctored / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert floor(doctored) == (taken + 49 * 20 * 8, taken)
+    assert count(config, doctored) == (taken + 49 * 20 * 8, taken)
 
 
 def test_report_writes_table_and_figures(swept: tuple[Path, Path, int], tmp_path: Path) -> None:
