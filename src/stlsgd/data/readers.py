@@ -7,7 +7,10 @@ import csv
 import gzip
 import io
 import math
+import os
 import pickle
+import stat
+import warnings
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,13 +45,37 @@ def _unreadable(path: Path, err: BaseException) -> DataError:
     return _corrupt(path, err)  # gzip/zlib errors, and bz2's errno-less OSError("Invalid data stream")
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    # Same suffix rule as sklearn's load_svmlight_file, so the scanner reads what sklearn read.
+def _first_line(err: BaseException) -> str:
+    """An exception's message cut to its first line (third-party messages can span several)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _open_binary(path: Path) -> io.BufferedIOBase:
+    # Same suffix rule and binary mode as sklearn's load_svmlight_file, so the scanner reads what sklearn read.
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
+        return gzip.open(path, "rb")
     if path.suffix == ".bz2":
-        return io.TextIOWrapper(bz2.open(path, "rb"), encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
+        return bz2.open(path, "rb")
+    return open(path, "rb")
+
+
+def _require_file(path: Path, what: str) -> None:
+    """Refuse, in one line, a path that is missing, a directory, a device/FIFO (which could block) or unstatable."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: an embedded NUL byte
+        raise _not_found(path) from None
+    except OSError as err:  # permission denied on a parent, name too long, ...
+        raise DataError(f"{path}: cannot read ({err.strerror or err})") from None
+    if stat.S_ISDIR(mode):
+        raise DataError(f"{path}: is a directory, not {what}")
+    if not stat.S_ISREG(mode):
+        raise DataError(f"{path}: is a special file (device, FIFO or socket), not {what}")
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -69,80 +96,148 @@ def _read_bytes(path: Path) -> bytes:
 
 # --------------------------------------------------------------------------- svmlight
 
+#: Largest feature index (= number of features d) accepted from an svmlight file that does not declare its size.
+#: Logistic regression keeps a dense float64 model of d weights for every client (a num_clients x d array), so
+#: d = 2^24 already costs 128 MiB per client; a file naming feature 10^8 (763 MiB per client) or 2*10^9 (14.9 GiB)
+#: is almost surely a mistake that would otherwise end in a MemoryError long after loading, and 10^12 in sklearn's
+#: OverflowError. A registered dataset declares its n_features, which then replaces this limit.
+MAX_FEATURES = 2**24
+#: Hard limit of any declared n_features: sklearn's svmlight parser holds an index in a 32-bit C int.
+INDEX_LIMIT = 2**31 - 1
+_SHOW = 40  # longest token quoted in a message
+
+
+def _show(token: bytes) -> str:
+    """A token for a message: quoted, non-printable and non-UTF-8 bytes escaped, long ones shortened."""
+    short = token[:_SHOW] + (b"..." if len(token) > _SHOW else b"")
+    try:
+        return repr(short.decode("utf-8"))
+    except UnicodeDecodeError:
+        return repr(short)[1:]  # b'\xff' -> '\xff'
+
+
+def _nbytes(n: int) -> str:
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024 or unit == "EiB":
+            break
+        value /= 1024
+    return f"{value:.3g} {unit}"
+
+
+def _too_large(key: bytes, idx: int | None) -> str:
+    limit = f"limit {MAX_FEATURES} = 2^24"
+    if idx is None:  # more digits than int() converts
+        return f"feature index {_show(key)[1:-1]} ({len(key)} digits) is too large ({limit})"
+    return (f"feature index {idx} is too large ({limit}: d = {idx} features would need "
+            f"{_nbytes(8 * idx)} of float64 model weights per client)")
+
 
 def _scan_svmlight(path: Path, n_features: int | None) -> Iterator[tuple[int, str]]:
-    """Yield (line number, problem) for each bad line; only run after sklearn's fast reader failed."""
-    with _open_text(path) as fh:
+    """Yield (line number, problem) for each bad line; only run after sklearn's fast reader failed or read nonsense.
+
+    Mirrors sklearn's parser: binary lines, a comment starts at the first ``#`` before any NUL byte, tokens split on
+    ASCII whitespace, an optional ``qid:`` first feature, ``int``/``float`` on the raw bytes.
+    """
+    limit = MAX_FEATURES if n_features is None else n_features
+    with _open_binary(path) as fh:
         for lineno, line in enumerate(fh, start=1):
-            body = line.split("#", 1)[0].split()
+            nul = line.find(b"\0")
+            cut = line.find(b"#", 0, nul if nul >= 0 else len(line))
+            body = (line[:cut] if cut >= 0 else line).split()
             if not body:
                 continue
             try:
                 label = float(body[0])
             except ValueError:
-                yield lineno, f"bad label {body[0]!r}"
+                yield lineno, f"malformed svmlight line: bad label {_show(body[0])}"
                 continue
             if not math.isfinite(label):
-                yield lineno, f"non-finite label {body[0]!r}"
+                yield lineno, f"malformed svmlight line: non-finite label {_show(body[0])}"
                 continue
-            last = 0
-            for tok in body[1:]:
-                key, sep, val = tok.partition(":")
-                if not sep:
-                    yield lineno, f"token {tok!r} is not index:value"
-                    break
-                if key == "qid":
+            features = body[1:]
+            if features and features[0].startswith(b"qid"):
+                if b":" not in features[0]:
+                    yield lineno, f"malformed svmlight line: token {_show(features[0])} is not index:value"
                     continue
+                features = features[1:]
+            last = 0
+            for tok in features:
+                key, sep, val = tok.partition(b":")
+                if not sep:
+                    yield lineno, f"malformed svmlight line: token {_show(tok)} is not index:value"
+                    break
                 try:
                     idx = int(key)
-                    value = float(val)
                 except ValueError:
-                    yield lineno, f"token {tok!r} is not index:value"
-                    break
-                if not math.isfinite(value):
-                    yield lineno, f"non-finite value in {tok!r}"
+                    if key.isdigit():  # only digits, but more than Python converts
+                        yield lineno, _too_large(key, None)
+                    else:
+                        yield lineno, f"malformed svmlight line: token {_show(tok)} is not index:value"
                     break
                 if idx < 1:
-                    yield lineno, f"feature index {idx} < 1 (LIBSVM indices start at 1)"
+                    yield lineno, f"malformed svmlight line: feature index {idx} < 1 (LIBSVM indices start at 1)"
+                    break
+                if idx > limit:
+                    if n_features is not None:
+                        yield lineno, f"feature index {idx} exceeds n_features={n_features}"
+                    else:
+                        yield lineno, _too_large(key, idx)
                     break
                 if idx <= last:
-                    yield lineno, f"feature indices not increasing ({last} then {idx})"
+                    yield lineno, f"malformed svmlight line: feature indices not increasing ({last} then {idx})"
                     break
-                if n_features is not None and idx > n_features:
-                    yield lineno, f"feature index {idx} exceeds n_features={n_features}"
+                try:
+                    value = float(val)
+                except ValueError:
+                    yield lineno, f"malformed svmlight line: token {_show(tok)} is not index:value"
+                    break
+                if not math.isfinite(value):
+                    yield lineno, f"malformed svmlight line: non-finite value in {_show(tok)}"
                     break
                 last = idx
 
 
+def _first_problem(path: Path, n_features: int | None, fallback: str) -> DataError:
+    """The first bad line of ``path`` as a DataError, or ``FILE: fallback`` when the scanner finds none."""
+    try:
+        for lineno, problem in _scan_svmlight(path, n_features):
+            return DataError(f"{path}:{lineno}: {problem}")
+    except (*_GZIP_ERRORS, OSError) as err:
+        return _unreadable(path, err)
+    return DataError(f"{path}: {fallback}")
+
+
 def read_svmlight(path: str | Path, n_features: int | None = None, *, name: str | None = None) -> Dataset:
-    """Read a two-class LIBSVM/svmlight file (plain, .gz or .bz2); labels become -1/+1 (larger -> +1)."""
+    """Read a two-class LIBSVM/svmlight file (plain, .gz or .bz2); labels become -1/+1 (larger -> +1).
+
+    Without ``n_features`` the file may use feature indices up to :data:`MAX_FEATURES` (2^24; see there why);
+    with it, indices up to ``n_features`` (at most :data:`INDEX_LIMIT`). Every problem is a one-line DataError
+    naming the file and, where it lies on one line, the line number.
+    """
     from sklearn.datasets import load_svmlight_file
 
     path = Path(path)
-    if not path.is_file():
-        raise _not_found(path)
+    if n_features is not None and not 1 <= n_features <= INDEX_LIMIT:
+        raise DataError(f"{path}: n_features={n_features} outside 1..{INDEX_LIMIT}")
+    _require_file(path, "an svmlight file")
     try:
         # zero_based=False: LIBSVM indices start at 1, and "auto" would silently shift a file with no column 1.
         X, y = load_svmlight_file(str(path), n_features=n_features, dtype=np.float64, zero_based=False)
     except (*_GZIP_ERRORS, OSError) as err:
         raise _unreadable(path, err) from None
-    except ValueError as err:
-        try:
-            for lineno, problem in _scan_svmlight(path, n_features):
-                if "exceeds n_features" in problem:
-                    raise DataError(f"{path}:{lineno}: {problem}") from None
-                raise DataError(f"{path}:{lineno}: malformed svmlight line: {problem}") from None
-        except (*_GZIP_ERRORS, OSError) as gz_err:
-            raise _unreadable(path, gz_err) from None
+    except (ValueError, OverflowError) as err:  # OverflowError: an index beyond sklearn's C int
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise DataError(f"{path}: malformed svmlight file ({msg})") from None
+        raise _first_problem(path, n_features, f"malformed svmlight file ({msg})") from None
+    if n_features is None and X.shape[1] > MAX_FEATURES:
+        raise _first_problem(path, n_features, f"{X.shape[1]} features exceed the limit {MAX_FEATURES} = 2^24")
     if not (np.isfinite(y).all() and np.isfinite(X.data).all()):
-        # sklearn parses "nan"/"inf" as numbers; a model trained on them only diverges, so name the line.
-        try:
-            lineno, problem = next(_scan_svmlight(path, n_features), (0, "non-finite label or value"))
-        except (*_GZIP_ERRORS, OSError) as err:
-            raise _unreadable(path, err) from None
-        raise DataError(f"{path}:{lineno}: malformed svmlight line: {problem}")
+        # sklearn parses "nan"/"inf" (and 1e400) as numbers; a model trained on them only diverges, so name the line.
+        raise _first_problem(path, n_features, "malformed svmlight file (non-finite label or value)")
+    if y.size == 0:
+        raise DataError(f"{path}: no data: the file holds no svmlight lines")
+    if X.nnz == 0:  # sklearn keeps explicit zeros, so nnz == 0 means not one index:value token
+        raise DataError(f"{path}: no features: every line holds only a label")
     labels = np.unique(y)
     if labels.size != 2:
         shown = ", ".join(f"{v:g}" for v in labels[:10]) + (", ..." if labels.size > 10 else "")
@@ -170,7 +265,7 @@ def read_idx(path: str | Path) -> np.ndarray:
     if len(data) < header:
         raise DataError(f"{path}: truncated idx header ({len(data)} of {header} bytes)")
     dims = tuple(int(v) for v in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
-    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(dims) * dtype.itemsize  # Python ints: absurd dims cannot wrap around
     actual = len(data) - header
     if actual != expected:
         raise DataError(
@@ -182,10 +277,10 @@ def read_idx(path: str | Path) -> np.ndarray:
 
 def _mnist_pair(images_path: str | Path, labels_path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     images, labels = read_idx(images_path), read_idx(labels_path)
-    if images.ndim != 3 or images.dtype != np.uint8:
+    if images.ndim != 3 or images.dtype != np.uint8 or 0 in images.shape[1:]:
         raise DataError(f"{images_path}: expected uint8 images of shape (n, H, W), got {images.dtype} {images.shape}")
-    if labels.ndim != 1:
-        raise DataError(f"{labels_path}: expected a 1-d label file, got shape {labels.shape}")
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise DataError(f"{labels_path}: expected a 1-d file of integer labels, got {labels.dtype} {labels.shape}")
     if labels.shape[0] != images.shape[0]:
         raise DataError(f"{labels_path}: {labels.shape[0]} labels but {images_path} has {images.shape[0]} images")
     return images, labels
@@ -194,8 +289,11 @@ def _mnist_pair(images_path: str | Path, labels_path: str | Path) -> tuple[np.nd
 def mnist_binary(images_path: str | Path, labels_path: str | Path, pos: int = 4, neg: int = 9) -> Dataset:
     """The paper's MNIST subset: digits ``pos`` (+1) and ``neg`` (-1), pixels/255, CSR, original row order."""
     images, labels = _mnist_pair(images_path, labels_path)
+    n_pos, n_neg = int((labels == pos).sum()), int((labels == neg).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise DataError(f"{labels_path}: expected images of both digits {pos} and {neg}, found {n_pos} and {n_neg}")
     keep = np.flatnonzero((labels == pos) | (labels == neg))
-    X = sp.csr_matrix(images[keep].reshape(keep.size, -1).astype(np.float64) / 255.0)
+    X = sp.csr_matrix(images[keep].reshape(keep.size, images.shape[1] * images.shape[2]).astype(np.float64) / 255.0)
     y = np.where(labels[keep] == pos, 1.0, -1.0)
     return Dataset(name=f"mnist{pos}{neg}", X=X, y=y, num_classes=2)
 
@@ -247,18 +345,23 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with open(path, "rb") as fh:
             obj = _NumpyOnlyUnpickler(fh, encoding="bytes").load()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise _not_found(path) from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
-        raise DataError(f"{path}: not a CIFAR-10 pickle batch ({type(err).__name__}: {err})") from None
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err.strerror or err})") from None
+    except Exception as err:  # noqa: BLE001 - any failure of the restricted unpickler means a damaged batch
+        raise DataError(f"{path}: not a CIFAR-10 pickle batch ({type(err).__name__}: {_first_line(err)})") from None
     if not isinstance(obj, dict):
         raise DataError(f"{path}: not a CIFAR-10 pickle batch (top level is {type(obj).__name__})")
     data = obj.get(b"data", obj.get("data"))
     labels = obj.get(b"labels", obj.get("labels"))
     if data is None or labels is None:
         raise DataError(f"{path}: CIFAR-10 batch lacks 'data' or 'labels'")
-    data = np.asarray(data)
-    labels = np.asarray(labels, dtype=np.int64)
+    try:
+        data = np.asarray(data)
+        labels = np.asarray(labels, dtype=np.int64)
+    except (ValueError, TypeError, OverflowError) as err:
+        raise DataError(f"{path}: not a CIFAR-10 pickle batch (labels or data: {_first_line(err)})") from None
     if data.ndim != 2 or data.shape[1] != 3072 or data.dtype != np.uint8:
         raise DataError(f"{path}: expected uint8 data of shape (n, 3072), got {data.dtype} {data.shape}")
     if labels.shape != (data.shape[0],):
@@ -298,11 +401,21 @@ def cifar10_png(folder: str | Path, labels_csv: str | Path, *, name: str = "cifa
         text = labels_csv.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise _not_found(labels_csv) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise DataError(f"{labels_csv}: cannot read ({err})") from None
+    except OSError as err:
+        raise DataError(f"{labels_csv}: cannot read ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"{labels_csv}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
     images: list[np.ndarray] = []
     labels: list[int] = []
-    for lineno, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+    rows = csv.reader(io.StringIO(text))
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            break
+        except csv.Error as err:  # e.g. a field over the csv module's size limit
+            raise DataError(f"{labels_csv}:{rows.line_num}: malformed CSV ({err})") from None
+        lineno = rows.line_num
         if not row or all(not f.strip() for f in row):
             continue
         if len(row) != 2:
@@ -312,23 +425,38 @@ def cifar10_png(folder: str | Path, labels_csv: str | Path, *, name: str = "cifa
             continue  # Kaggle's original file has an "id,label" header
         if label.lower() in class_ids:
             cls = class_ids[label.lower()]
-        elif label.isdigit() and int(label) < 10:
+        elif label.isascii() and label.isdigit() and int(label) < 10:  # not '²': str.isdigit takes any digit
             cls = int(label)
         else:
-            raise DataError(f"{labels_csv}:{lineno}: unknown CIFAR-10 class {label!r}")
+            raise DataError(f"{labels_csv}:{lineno}: unknown CIFAR-10 class {_clip(label)!r}")
         img_path = folder / (fname if Path(fname).suffix else f"{fname}.png")
+        where = f"(listed at {labels_csv}:{lineno})"
+        if not fname or "\0" in fname:
+            raise DataError(f"{labels_csv}:{lineno}: bad image file name {_clip(fname)!r}")
         try:
-            with Image.open(img_path) as img:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # refused below unless 32x32
+                img = Image.open(img_path)
+            with img:
                 if img.mode != "RGB" or img.size != (32, 32):
                     raise DataError(
                         f"{img_path}: expected a 32x32 RGB image, got {img.mode} {img.size[0]}x{img.size[1]}"
-                        f" (listed at {labels_csv}:{lineno})"
+                        f" {where}"
                     )
                 images.append(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1))
-        except FileNotFoundError:
-            raise DataError(f"{img_path}: not found (listed at {labels_csv}:{lineno})") from None
-        except (UnidentifiedImageError, OSError, SyntaxError) as err:
-            raise DataError(f"{img_path}: unreadable image ({err}) (listed at {labels_csv}:{lineno})") from None
+        except DataError:
+            raise
+        except (FileNotFoundError, NotADirectoryError):
+            raise DataError(f"{img_path}: not found {where}") from None
+        except IsADirectoryError:
+            raise DataError(f"{img_path}: is a directory, not an image {where}") from None
+        except UnidentifiedImageError:
+            raise DataError(f"{img_path}: not an image file {where}") from None
+        except OSError as err:
+            detail = err.strerror if err.errno is not None else _first_line(err)
+            raise DataError(f"{img_path}: unreadable image ({detail}) {where}") from None
+        except Exception as err:  # noqa: BLE001 - the PNG decoder fails in many ways on damaged files
+            raise DataError(f"{img_path}: unreadable image ({type(err).__name__}: {_first_line(err)}) {where}") from None
         labels.append(cls)
     if not images:
         raise DataError(f"{labels_csv}: lists no images")

@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
 import urllib.error
@@ -141,13 +142,20 @@ DATASETS: dict[str, DatasetSpec] = {
 }
 
 
+def _expand(value: str | os.PathLike[str], what: str) -> Path:
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:  # "~nosuchuser/..."
+        raise DataError(f"{value}: {what}: cannot expand '~' (no such user or no home directory)") from None
+
+
 def resolve_data_dir(cli_value: str | os.PathLike[str] | None = None) -> Path:
     """The data dir: the CLI value, else $STLSGD_DATA, else the per-user cache dir."""
     if cli_value:
-        return Path(cli_value).expanduser()
+        return _expand(cli_value, "data dir")
     env = os.environ.get(ENV_VAR)
     if env:
-        return Path(env).expanduser()
+        return _expand(env, f"data dir (${ENV_VAR})")
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("stlsgd"))
@@ -158,7 +166,52 @@ def _unknown(name: str) -> DataError:
 
 
 def _looks_like_path(name: str) -> bool:
-    return name.endswith(_SVM_SUFFIXES) or os.sep in name or "/" in name or Path(name).is_file()
+    if name.endswith(_SVM_SUFFIXES) or os.sep in name or "/" in name or name.startswith("~"):
+        return True
+    try:
+        return Path(name).is_file()
+    except OSError:  # e.g. a name too long for the file system: let the reader say so
+        return True
+
+
+def _kind(path: Path) -> str:
+    """'file', 'dir', 'missing' or 'other' (a device, FIFO or socket); a stat failure is a one-line DataError."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    except OSError as err:  # permission denied on a parent, name too long, ...
+        raise DataError(f"{path}: cannot read ({err.strerror or err})") from None
+    return "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+
+
+def _check_data_dir(root: Path) -> None:
+    """Refuse a data dir that is, or lies under, something other than a directory: nothing could be fetched there."""
+    for p in (root, *root.parents):
+        kind = _kind(p)
+        if kind == "missing":
+            continue  # created by fetch
+        if kind == "dir":
+            return
+        what = "a file" if kind == "file" else "a special file (device, FIFO or socket)"
+        if p == root:
+            raise DataError(f"{root}: data dir is {what}, not a directory; point --data-dir or ${ENV_VAR} at a folder")
+        raise DataError(f"{root}: data dir cannot be created: {p} is {what}; point --data-dir or ${ENV_VAR} at a folder")
+
+
+def _blocker(root: Path, rel: str) -> tuple[Path, str] | None:
+    """Something in the way of ``root/rel``: a file where a folder belongs, or a folder where the file belongs."""
+    path = root / rel
+    for p in reversed(path.parents[: len(Path(rel).parts) - 1]):  # the folders between root and the file
+        kind = _kind(p)
+        if kind == "missing":
+            return None
+        if kind != "dir":
+            return p, "is a file, not a directory" if kind == "file" else "is not a directory"
+    kind = _kind(path)
+    if kind in ("file", "missing"):
+        return None
+    return path, "is a directory, not a file" if kind == "dir" else "is not a regular file"
 
 
 def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) -> Dataset:
@@ -166,15 +219,19 @@ def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) -> D
     spec = DATASETS.get(name)
     if spec is None:
         if _looks_like_path(name):
-            return readers.read_svmlight(Path(name).expanduser())
+            return readers.read_svmlight(_expand(name, "data.dataset"))
         raise _unknown(name)
     root = resolve_data_dir(data_dir)
+    if spec.paths:
+        _check_data_dir(root)
     for rel in spec.paths:
         path = root / rel
-        if not path.is_file():
-            if spec.fetchable:
-                raise DataError(f"{path}: not found; run: stlsgd data fetch {name} --data-dir {root}")
-            raise DataError(f"{path}: not found; {name} has no download source, copy it from shared/data/{rel}")
+        remedy = (f"run: stlsgd data fetch {name} --data-dir {root}" if spec.fetchable
+                  else f"{name} has no download source, copy it from shared/data/{rel}")
+        if (blocker := _blocker(root, rel)) is not None:
+            raise DataError(f"{blocker[0]}: {blocker[1]}; remove it, then {remedy}")
+        if _kind(path) != "file":
+            raise DataError(f"{path}: not found; {remedy}")
     return spec.load(root)
 
 
@@ -219,14 +276,24 @@ def _download(url: str, dest_tmp: Path, urlopen: Urlopen, *, gzip_store: bool) -
     return sha.hexdigest(), md5.hexdigest()
 
 
+def _make_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DataError(f"{path}: cannot create the directory ({err.strerror or err})") from None
+
+
 def _fetch_file(rf: RemoteFile, root: Path, urlopen: Urlopen) -> Path:
     dest = root / rf.relpath
     if _is_valid(dest, rf):
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    _make_dir(dest.parent)
     problems: list[str] = []
     for url in rf.urls:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+        try:
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+        except OSError as err:
+            raise DataError(f"{dest.parent}: cannot write ({err.strerror or err})") from None
         os.close(fd)
         tmp = Path(tmp_name)
         try:
@@ -248,8 +315,11 @@ def _fetch_cifar(root: Path, urlopen: Urlopen) -> list[Path]:
     wanted = [final / m for m in _CIFAR_MEMBERS]
     if all(p.is_file() for p in wanted):
         return wanted
-    final.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".cifar10.", dir=final.parent))
+    _make_dir(final.parent)
+    try:
+        work = Path(tempfile.mkdtemp(prefix=".cifar10.", dir=final.parent))
+    except OSError as err:
+        raise DataError(f"{final.parent}: cannot write ({err.strerror or err})") from None
     try:
         tar_path = work / "cifar-10-python.tar.gz"
         try:
@@ -290,6 +360,10 @@ def fetch(name: str, data_dir: str | os.PathLike[str] | None = None, *, urlopen:
         return []  # embedded in a package, nothing to download
     if not spec.fetchable:
         raise DataError(f"{root / spec.paths[0]}: {name} has no download source; copy it from shared/data/{_PNG200}")
+    _check_data_dir(root)
+    for rel in spec.paths:
+        if (blocker := _blocker(root, rel)) is not None:
+            raise DataError(f"{blocker[0]}: {blocker[1]}; remove it, then fetch again")
     if spec.paths[0].startswith(_CIFAR_DIR):
         return _fetch_cifar(root, urlopen)
     return [_fetch_file(_FILES[rel], root, urlopen) for rel in spec.paths]
