@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from stlsgd.executors.sampling import Sampler
-from stlsgd.experiments.build import build, build_plan
+from stlsgd.experiments.build import build, plan_context
 from stlsgd.experiments.config import read_raw, validate
-from stlsgd.experiments.sweep import best_of, current_records, load_sweep, read_results, run_sweep
+from stlsgd.experiments.sweeps import best_of, current_records, load_sweep, read_results, run_sweep
 from stlsgd.threads import share_cores
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def time_sweeps(configs: list[Path], out: Path, *, jobs: int, data_dir: str | No
         run_sweep(config, out / column, jobs=jobs, data_dir=data_dir, quiet=True, limit=limit)
         wall = time.perf_counter() - started
         total += wall
-        records = read_results(out / column / "results.jsonl")
+        records = read_results(out / column)
         serial = sum(r["wall_s"] or 0.0 for r in records)
         statuses = dict(Counter(r["status"] for r in records))
         ratio = f"x{serial / wall:.2f} of wall" if wall >= 1.0 else "all finished before this run"
@@ -77,7 +77,7 @@ def local_client_steps(config: Path, sweep_dir: Path) -> tuple[int, int]:
     rows, or at its own end if earlier or if a row it belongs to has no finished run; seed reruns count whole.
     Runs of earlier versions of the file are left out, as the sweep leaves them out of its choice."""
     sweep = load_sweep(config)
-    records = current_records(sweep, read_results(sweep_dir / "results.jsonl"))
+    records = current_records(sweep, read_results(sweep_dir))
     best = {label: best_of(records, label) for label in sweep.labels}
     labels: dict[str, set[str]] = {}
     first: dict[str, dict] = {}  # a run shared by two rows is recorded under each; count it once
@@ -93,9 +93,7 @@ def local_client_steps(config: Path, sweep_dir: Path) -> tuple[int, int]:
         stop = r["rounds"]
         if r["phase"] == "grid" and None not in bounds:
             stop = min(stop, max(bounds) + 1)
-        plan = build_plan(exp.algorithm, num_samples=r["num_samples"], num_clients=exp.data.num_clients,
-                          lam=exp.problem.lam or 1.0 / r["num_samples"],
-                          iid_default=exp.data.partition in ("shared", "split"))
+        plan = exp.algorithm.plan(plan_context(exp, r["num_samples"], exp.problem.lam or 1.0 / r["num_samples"]))
         per_step = exp.data.num_clients * exp.algorithm.batch
         simulated += r["iterations"] * per_step
         needed += next(rnd.end_iteration for rnd in plan.rounds() if rnd.index + 1 >= stop) * per_step

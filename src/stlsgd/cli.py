@@ -1,14 +1,13 @@
-"""Command line: ``stlsgd run | demo | sweep | report | data``.
+"""Command line: ``stlsgd run | demo | sweep | report | methods | data``.
 
-User mistakes (bad config, bad data, missing files) print one line ``stlsgd: error: ...`` and exit with
-status 2; ``--debug`` shows the traceback instead.
+User mistakes (bad config, bad data, missing files, a full or read-only disk) print one line
+``stlsgd: error: ...`` and exit with status 2; ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from stlsgd.errors import StlsgdError
@@ -20,21 +19,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     exp = load_config(args.config, args.set)
     out = Path(args.out) if args.out else Path("runs") / exp.name
-    options = dict(data_dir=args.data_dir, overwrite=args.overwrite, progress=not args.quiet,
-                   checkpoint_every=args.checkpoint_every, resume=args.resume)
-    if args.backend == "dist":
-        from stlsgd.executors.distributed import run_distributed
-
-        summary = run_distributed(exp, out, comm_backend=args.comm_backend, **options)
-        if summary is None:  # ranks other than 0 write and print nothing
-            return 0
-    else:
-        summary = run_experiment(exp, out, **options)
-    _print_summary(summary, out)
-    return 0
-
-
-def _print_summary(summary: dict, out: Path) -> None:
+    summary = run_experiment(exp, out, backend=args.backend, comm_backend=args.comm_backend, data_dir=args.data_dir,
+                             overwrite=args.overwrite, progress=not args.quiet,
+                             checkpoint_every=args.checkpoint_every, resume=args.resume)
+    if summary is None:  # ranks other than 0 of a distributed run write and print nothing
+        return 0
     status = summary["status"]
     if status == "reached":
         print(f"{summary['name']}: reached the target in {summary['rounds_to_target']} rounds "
@@ -43,12 +32,36 @@ def _print_summary(summary: dict, out: Path) -> None:
         print(f"{summary['name']}: {status} after {summary['rounds']} rounds "
               f"({summary['iterations']} iterations, {summary['wall_s']:.1f} s)")
     print(f"results in {out}/ (config.yaml, metrics.jsonl, summary.json)")
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from stlsgd.experiments.demo import demo
 
     demo(Path(args.out), progress=not args.quiet)
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from stlsgd.experiments.sweeps import run_sweep
+
+    run_sweep(args.config, Path(args.out) if args.out else None, jobs=args.jobs, data_dir=args.data_dir,
+              quiet=args.quiet, only=args.only, limit=args.limit)
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from stlsgd.experiments.report import write_report
+
+    for path in write_report([Path(d) for d in args.dirs], Path(args.out), args.prefix):
+        print(path)
+    return 0
+
+
+def _cmd_methods(args: argparse.Namespace) -> int:
+    from stlsgd.algorithms.registry import methods_table
+
+    print(methods_table())
     return 0
 
 
@@ -96,6 +109,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_demo)
 
+    p = sub.add_parser("sweep", help="run a hyper-parameter grid per method, pick the best, rerun seeds")
+    p.add_argument("config", help="sweep file (.toml or .yaml): [base] experiment + [[methods]] grids")
+    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all CPUs)")
+    p.add_argument("--out", help="output directory (default runs/sweeps/NAME)")
+    p.add_argument("--data-dir", help="data directory (default $STLSGD_DATA or the user cache)")
+    p.add_argument("--quiet", action="store_true", help="no line per finished run")
+    p.add_argument("--only", action="append", metavar="LABEL", help="run only this row (repeatable)")
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="run only the first N settings of each row, in the file's order (a quick probe)")
+    p.set_defaults(func=_cmd_sweep)
+
+    p = sub.add_parser("report", help="tables (Markdown, CSV) and figures (PNG) from sweep directories")
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="sweep output directories (with best.json), one per column")
+    p.add_argument("--out", default="report", help="output directory (default ./report)")
+    p.add_argument("--prefix", default="table", help="file name prefix (default: table)")
+    p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("methods", help="the registered methods and their [algorithm] fields")
+    p.set_defaults(func=_cmd_methods)
+
     p = sub.add_parser("data", help="datasets")
     data_sub = p.add_subparsers(dest="data_command", required=True)
     f = data_sub.add_parser("fetch", help="download datasets from their official sources and check sha256")
@@ -104,24 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=_cmd_data_fetch)
     f = data_sub.add_parser("list", help="known dataset names")
     f.set_defaults(func=_cmd_data_list)
-
-    for register in _extra_commands():
-        register(sub)
     return parser
-
-
-def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
-    """Subcommands that live with their own modules (sweep, report) and register themselves."""
-    import importlib
-
-    found = []
-    for module in ("stlsgd.experiments.sweep", "stlsgd.experiments.report"):
-        try:
-            found.append(importlib.import_module(module).register)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     except StlsgdError as exc:
         if args.debug:
             raise
+        from stlsgd.executors.distributed import CollectiveFailure, exit_now
+
+        if isinstance(exc, CollectiveFailure):
+            exit_now(str(exc))  # a peer is gone: exit before the launcher or the collective library does
         print(f"stlsgd: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full or read-only disk, a vanished directory: the file and the reason, one line
+        if args.debug:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"stlsgd: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("stlsgd: interrupted", file=sys.stderr)

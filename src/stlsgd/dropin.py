@@ -27,7 +27,6 @@ x_s; with the model's and the optimizer's own state dicts it resumes the loop ex
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -35,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from stlsgd.algorithms.plan import Plan, Round
+from stlsgd.algorithms.plan import Cursor, Plan, Round
 
 TIMEOUT_ENV = "STLSGD_DIST_TIMEOUT"
 
@@ -69,7 +68,7 @@ class PlanAverager:
             for flat in self._flats:
                 dist.broadcast(flat, group_src=0, group=self.group)
         self._anchor: list[torch.Tensor] | None = None
-        self._seek(0, 0)
+        self._seek(Cursor(), 0)
         self._hook = optimizer.register_step_pre_hook(self._before_step)
 
     # ------------------------------------------------------------------ where we are in the plan
@@ -121,7 +120,7 @@ class PlanAverager:
             self._set_lr()
             return False
         self.average()
-        self._seek(self._round.index + 1, 0)
+        self._seek(self.plan.advance(self._cursor, self._round), 0)
         return True
 
     def average(self) -> None:
@@ -156,7 +155,7 @@ class PlanAverager:
     def state_dict(self) -> dict[str, Any]:
         """Position in the plan and the proximal anchor; save it next to the model's and optimizer's."""
         return {
-            "round": self._round.index,
+            "cursor": self._cursor.to_dict(),
             "step": self._step,
             "plan": {"name": type(self.plan).__name__, **self.plan.describe()},
             "anchor": None if self._anchor is None else [a.detach().clone() for a in self._anchor],
@@ -174,15 +173,15 @@ class PlanAverager:
             if len(anchor) != len(self._params):
                 raise ValueError(f"PlanAverager anchor holds {len(anchor)} tensors, the model has {len(self._params)}")
             self._anchor = [a.detach().to(p.device, p.dtype).clone() for a, p in zip(anchor, self._params)]
-        self._seek(int(state["round"]), int(state["step"]), take_anchor=False)
+        self._seek(Cursor.from_dict(state["cursor"]), int(state["step"]), take_anchor=False)
 
     # ------------------------------------------------------------------ internals
 
-    def _seek(self, index: int, step: int, *, take_anchor: bool = True) -> None:
-        rounds: Iterator[Round] = self.plan.rounds(start=index)
-        self._round = next(rounds)
+    def _seek(self, cursor: Cursor, step: int, *, take_anchor: bool = True) -> None:
+        self._cursor = cursor
+        self._round = self.plan.next_round(cursor)
         if not 0 <= step < self._round.steps:
-            raise ValueError(f"step {step} is outside round {index}, which has {self._round.steps} steps")
+            raise ValueError(f"step {step} is outside round {cursor.index}, which has {self._round.steps} steps")
         self._step = step
         self._lrs = self._round.learning_rates()
         need_anchor = self._round.prox_gamma is not None and (self._round.new_anchor or self._anchor is None)

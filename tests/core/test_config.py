@@ -3,7 +3,7 @@
 import pytest
 
 from stlsgd.errors import ConfigError
-from stlsgd.experiments.build import build_plan
+from stlsgd.algorithms import PlanContext
 from stlsgd.experiments.config import load_config, parse_value
 
 
@@ -63,10 +63,10 @@ def test_syntax_errors_name_the_file(tmp_path):
 
 def test_stl_sc_first_stage_from_the_lambda_rule(tmp_path):
     exp = load_config(write(tmp_path, '[algorithm]\nmethod = "stl_sc"\nlr = 32\nk = 100\n'))
-    plan = build_plan(exp.algorithm, num_samples=32561, num_clients=32, lam=1 / 32561, iid_default=True)
+    plan = exp.algorithm.plan(PlanContext(num_samples=32561, num_clients=32, lam=1 / 32561, iid=True))
     assert (plan.T1, plan.k1, plan.iid) == (1018, 100, True)
     exp = load_config(write(tmp_path, '[algorithm]\nmethod = "stl_nc"\nlr = 0.1\nk = 5\nT1_epochs = 2\ngamma = 100\noption = 2\nbatch = 64\n'))
-    plan = build_plan(exp.algorithm, num_samples=50000, num_clients=8, lam=1e-5, iid_default=False)
+    plan = exp.algorithm.plan(PlanContext(num_samples=50000, num_clients=8, lam=1e-5, iid=False))
     # 2 epochs of 50,000 samples at 8 clients x 64 = 196 iterations; Non-IID growth sqrt(s).
     assert (plan.T1, plan.option, plan.gamma, plan.iid) == (196, 2, 100.0, False)
 

@@ -125,13 +125,14 @@ def test_long_rounds_are_stepped_in_slices_with_the_same_samples(digits, monkeyp
 
 @pytest.mark.parametrize("plan", [SyncSGD(lr=0.5, lr_decay=0.01), CRPSGD(lr=0.5, rho=1.2, max_batch=16)])
 def test_fused_synchronous_rounds_equal_round_by_round(digits, plan):
-    # k = 1 rounds are taken in groups by one sync_steps call; a Topology other than the default one runs
-    # them one by one (local steps, then the mean), as the torch.distributed executor does.
+    # k = 1 rounds are taken in groups by one sync_steps call; a Topology that does not hold every client
+    # runs them one by one (local steps, then the mean), as the torch.distributed executor does. Both give
+    # the same numbers bit for bit.
     ds, problem = digits
     partition = make_partition(ds.y, 4, "split", seed=1)
     stop = StopRule(max_rounds=40, eval_every=7)
     seen = {}
-    for name, topology in (("fused", LOCAL), ("one by one", Topology())):
+    for name, topology in (("fused", LOCAL), ("one by one", Topology(clients=slice(0, 4)))):
         sampler = Sampler(partition, 3)
         rounds = []
         state = run(plan, problem, sampler, stop, init_run_state(problem, sampler, 4, 3), progress=False,
@@ -139,7 +140,7 @@ def test_fused_synchronous_rounds_equal_round_by_round(digits, plan):
                     topology=topology)
         seen[name] = (state, rounds)
     fused, one = seen["fused"][0], seen["one by one"][0]
-    np.testing.assert_allclose(fused.clients["w"], one.clients["w"], rtol=1e-11, atol=1e-14)
+    assert np.array_equal(fused.clients["w"], one.clients["w"])
     assert (fused.round, fused.iteration, fused.bytes, fused.sampler_state) == (
         one.round, one.iteration, one.bytes, one.sampler_state)
     assert seen["one by one"][1] == list(range(1, 41))

@@ -18,19 +18,19 @@ import torch.distributed as dist
 from dist_helpers import on_thread_ranks
 from torch import nn
 
-from stlsgd.algorithms import CRPSGD, STLSGD, SyncSGD
+from stlsgd.algorithms import CRPSGD, STLSGD, Cursor, SyncSGD
 from stlsgd.dropin import PlanAverager
 from stlsgd.errors import ConfigError, StlsgdError
-from stlsgd.executors.averaging import allreduce_mean, copy_state, mean_over_clients
+from stlsgd.executors.averaging import allreduce_mean, copy_state, gather_mean, mean_over_clients
 from stlsgd.executors.distributed import (
     client_slice,
     collective_timeout,
     make_topology,
     resolve_comm_backend,
-    run_distributed,
 )
 from stlsgd.executors.simulator import RunState
 from stlsgd.experiments.config import Experiment
+from stlsgd.experiments.runner import run_experiment
 
 # --------------------------------------------------------------------------- executor pieces
 
@@ -56,29 +56,35 @@ def test_allreduce_mean_over_uneven_ranks_equals_the_simulators_mean() -> None:
     def rank_fn(group: dist.ProcessGroup) -> dict:
         part = client_slice(6, group.size(), group.rank())
         local = {k: v[part].copy() if isinstance(v, np.ndarray) else v[part].clone() for k, v in full.items()}
-        allreduce_mean(local, 6, group)
-        return {"slice": part, "state": local}
+        summed = {k: v.copy() if isinstance(v, np.ndarray) else v.clone() for k, v in local.items()}
+        allreduce_mean(summed, 6, group)
+        gather_mean(local, 6, group)
+        return {"slice": part, "state": local, "summed": summed}
 
     for result in on_thread_ranks(4, rank_fn):
-        part, local = result["slice"], result["state"]
-        np.testing.assert_allclose(local["w"], expected["w"][part], rtol=1e-13, atol=1e-15)
-        torch.testing.assert_close(local["conv"], expected["conv"][part], rtol=1e-6, atol=1e-7)
-        assert torch.equal(local["num_batches_tracked"], full["num_batches_tracked"][part])
+        part, local, summed = result["slice"], result["state"], result["summed"]
+        # The gathered mean (NumPy arrays) is the simulator's, bit for bit; the all-reduced one agrees to rounding.
+        assert np.array_equal(local["w"], expected["w"][part])
+        assert torch.equal(local["conv"], full["conv"][part])  # gather_mean leaves torch tensors alone
+        np.testing.assert_allclose(summed["w"], expected["w"][part], rtol=1e-13, atol=1e-15)
+        torch.testing.assert_close(summed["conv"], expected["conv"][part], rtol=1e-6, atol=1e-7)
+        assert torch.equal(summed["num_batches_tracked"], full["num_batches_tracked"][part])
 
 
 def test_rank_zeros_verdict_reaches_every_rank() -> None:
     def rank_fn(group: dist.ProcessGroup) -> tuple:
         topo = make_topology(6, group)
-        state = RunState(clients={}, sampler_state={}, round=7, iteration=70, last_eval_iteration=60)
+        state = RunState(clients={}, sampler_state={}, cursor=Cursor(index=7, iteration=70).to_dict(),
+                         last_eval_iteration=60)
         if topo.is_root:
             state.status, state.rounds_to_target, state.iterations_to_target = "reached", 7, 70
-            state.last_eval_iteration = 70
+            state.last_eval_iteration, state.objective = 70, 0.1 + 0.2
         finished = topo.agree(state, topo.is_root)
-        return topo.clients, finished, state.status, state.rounds_to_target, state.last_eval_iteration
+        return topo.clients, finished, state.status, state.rounds_to_target, state.last_eval_iteration, state.objective
 
     results = on_thread_ranks(3, rank_fn)
     assert [r[0] for r in results] == [slice(0, 2), slice(2, 4), slice(4, 6)]
-    assert all(r[1:] == (True, "reached", 7, 70) for r in results)
+    assert all(r[1:] == (True, "reached", 7, 70, 0.1 + 0.2) for r in results)  # the objective to the last bit
 
 
 def test_a_gloo_collective_times_out_when_a_peer_stalls() -> None:
@@ -119,7 +125,7 @@ def test_backend_choice_and_timeout_setting(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_dist_backend_outside_torchrun_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StlsgdError, match="torchrun --nproc_per_node"):
-        run_distributed(Experiment(), tmp_path / "out")
+        run_experiment(Experiment(), tmp_path / "out", backend="dist")
     assert not (tmp_path / "out").exists()
 
 

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from stlsgd.cli import main
-from stlsgd.experiments.sweep import load_sweep, read_results
+from stlsgd.experiments.sweeps import load_sweep, read_results
 
 SWEEP = """
 name = "ci_small_a9a"
@@ -63,7 +63,7 @@ def swept(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tuple[
 def test_sweep_writes_results_and_best(swept: tuple[Path, Path, int]) -> None:
     config, out, rc = swept
     assert rc == 0
-    records = read_results(out / "results.jsonl")
+    records = read_results(out)
     grid = [r for r in records if r["phase"] == "grid"]
     sweep = load_sweep(config)
     assert {(r["label"], r["key"]) for r in grid} == {(s.label, s.key) for s in sweep.grid}
@@ -88,7 +88,7 @@ def test_sweep_writes_results_and_best(swept: tuple[Path, Path, int]) -> None:
 
 def test_hopeless_runs_are_pruned_not_failed(swept: tuple[Path, Path, int]) -> None:
     _, out, _ = swept
-    records = read_results(out / "results.jsonl")
+    records = read_results(out)
     local = [r for r in records if r["label"] == "Local SGD" and r["phase"] == "grid"]
     best = min(r["rounds_to_target"] for r in local if r["status"] == "reached")
     pruned = [r for r in local if r["status"] == "pruned"]
@@ -115,10 +115,10 @@ def test_edited_sweep_file_chooses_only_among_its_own_runs(swept: tuple[Path, Pa
     # SyncSGD now evaluates every 10 rounds: both its settings are new configs, and its old records (every
     # 5 rounds, so possibly fewer rounds to target) must neither win, nor be counted, nor prune the new ones.
     edited.write_text(config.read_text().replace('fixed = { "run.eval_every" = 5 }', 'fixed = { "run.eval_every" = 10 }'))
-    old = read_results(out / "results.jsonl")
+    old = read_results(out)
     assert main(["sweep", str(edited), "--out", str(edited_out), "--jobs", "1", "--quiet",
                  "--data-dir", str(shared_data)]) == 0
-    records = read_results(edited_out / "results.jsonl")
+    records = read_results(edited_out)
     assert records[:len(old)] == old  # the earlier runs stay on disk
     new_keys = {s.key for s in load_sweep(edited).grid if s.label == "SyncSGD"}
     new_grid = [r for r in records if r["label"] == "SyncSGD" and r["phase"] == "grid" and r["key"] in new_keys]
@@ -141,7 +141,7 @@ def test_client_step_floor_stops_each_run_just_past_its_rows_best(swept: tuple[P
                                                                   tmp_path: Path) -> None:
     config, out, _ = swept
     count = _bench_table2().local_client_steps
-    records = read_results(out / "results.jsonl")
+    records = read_results(out)
     local = [r for r in records if r["method"] in ("local_sgd", "stl_sc")]
     taken = sum(r["iterations"] for r in {r["key"]: r for r in local}.values()) * 8  # 8 clients, batch 1
     # One worker ran each row's best setting first, so every other run stopped as early as the rule allows.

@@ -1,8 +1,8 @@
 """Round sequences of the non-convex settings (Section 5, Algorithm 3), written out by hand."""
 
 from stlsgd.algorithms import CRPSGD, STLSGD, LocalSGD
-from stlsgd.experiments.build import build_plan
-from stlsgd.experiments.config import AlgorithmConfig
+from stlsgd.algorithms import PlanContext
+from stlsgd.algorithms.stl_sgd import STLNCConfig
 
 
 def _rounds(plan, n):
@@ -31,8 +31,8 @@ def test_stl_nc_option2_noniid_linear_length_sqrt_period() -> None:
 
 def test_stl_nc_first_stage_from_epochs() -> None:
     # 20 epochs of n = 50,000 samples with 8 clients at batch 64: ceil(20 * 50000 / 512) = 1954 iterations.
-    alg = AlgorithmConfig(method="stl_nc", lr=0.08, k=5, gamma=1e2, T1_epochs=20, option=2, batch=64)
-    plan = build_plan(alg, num_samples=50_000, num_clients=8, lam=0.0, iid_default=True)
+    alg = STLNCConfig(lr=0.08, k=5, gamma=1e2, T1_epochs=20, option=2, batch=64)
+    plan = alg.plan(PlanContext(num_samples=50_000, num_clients=8, lam=None, iid=True))
     assert isinstance(plan, STLSGD) and plan.T1 == 1954 and plan.option == 2 and plan.gamma == 100.0
 
 
@@ -50,5 +50,5 @@ def test_cr_psgd_grows_batch_by_rho_once_per_epoch_until_512() -> None:
 
 def test_fixed_lr_baselines() -> None:
     plan = LocalSGD(lr=0.08, k=5, batch=64)
-    assert [(r.steps, r.lr, r.lr_decay, r.start_iteration) for r in _rounds(plan, 3)] == [
+    assert [(r.steps, r.lr, r.lrs.decay, r.start_iteration) for r in _rounds(plan, 3)] == [
         (5, 0.08, 0.0, 0), (5, 0.08, 0.0, 5), (5, 0.08, 0.0, 10)]

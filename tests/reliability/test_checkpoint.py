@@ -15,17 +15,12 @@ import numpy as np
 import pytest
 import torch
 
+from stlsgd.algorithms import Cursor
 from stlsgd.executors.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from stlsgd.executors.simulator import RunState
 from stlsgd.experiments.config import load_config
-from stlsgd.experiments.runner import (
-    CHECKPOINT_FILE,
-    FINAL_PARAMS_FILE,
-    METRICS_FILE,
-    SUMMARY_FILE,
-    read_final_params,
-    run_experiment,
-)
+from stlsgd.experiments.rundir import CHECKPOINT_FILE, FINAL_PARAMS_FILE, LOCK_FILE, METRICS_FILE, SUMMARY_FILE
+from stlsgd.experiments.runner import run_experiment
 
 # wall_s is the only field that measures time; it is the last key of every metrics line, so deleting its text
 # leaves every other byte of the line to compare exactly.
@@ -40,10 +35,10 @@ def without_wall(metrics: bytes) -> bytes:
 
 def assert_same_run(a: Path, b: Path) -> None:
     """Same final parameters (bits), same metrics.jsonl bytes but for wall_s, same summary but for wall_s."""
-    pa, pb = read_final_params(a / FINAL_PARAMS_FILE), read_final_params(b / FINAL_PARAMS_FILE)
-    assert pa.keys() == pb.keys()
-    for key in pa:
-        assert pa[key].dtype == pb[key].dtype and pa[key].tobytes() == pb[key].tobytes()
+    with np.load(a / FINAL_PARAMS_FILE) as pa, np.load(b / FINAL_PARAMS_FILE) as pb:
+        assert pa.files == pb.files
+        for key in pa.files:
+            assert pa[key].dtype == pb[key].dtype and pa[key].tobytes() == pb[key].tobytes()
     assert without_wall((a / METRICS_FILE).read_bytes()) == without_wall((b / METRICS_FILE).read_bytes())
     sa, sb = (json.loads((d / SUMMARY_FILE).read_text()) for d in (a, b))
     for s in (sa, sb):
@@ -63,9 +58,10 @@ def _state(torch_values: bool) -> RunState:
     anchor = {k: v[:1].clone() if torch_values else v[:1].copy() for k, v in clients.items()}
     sampler = np.random.Generator(np.random.PCG64(12345))
     sampler.random(17)
-    return RunState(clients=clients, sampler_state=sampler.bit_generator.state, round=9, iteration=4321, stage=3,
+    cursor = Cursor(index=9, iteration=4321, samples=8642, stage=3, stage_start=4000, memo=(1.5,)).to_dict()
+    return RunState(clients=clients, sampler_state=sampler.bit_generator.state, cursor=cursor,
                     anchor=anchor, bytes=10**12, wall_s=1.25, last_eval_iteration=4000, status="running",
-                    last={"round": 9, "objective": 0.1 + 0.2, "gap": None})
+                    objective=0.1 + 0.2, last={"round": 9, "objective": 0.1 + 0.2, "gap": None})
 
 
 @pytest.mark.parametrize("torch_values", [False, True], ids=["numpy", "torch"])
@@ -85,8 +81,8 @@ def test_round_trip_is_exact(tmp_path: Path, torch_values: bool) -> None:
             assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
     if not torch_values:
         assert loaded.clients["w"].flags.writeable  # the simulator steps these arrays in place
-    for field in ("sampler_state", "round", "iteration", "stage", "bytes", "wall_s", "last_eval_iteration",
-                  "status", "rounds_to_target", "iterations_to_target", "last"):
+    for field in ("sampler_state", "cursor", "round", "iteration", "stage", "bytes", "wall_s", "last_eval_iteration",
+                  "status", "rounds_to_target", "iterations_to_target", "objective", "last"):
         assert getattr(loaded, field) == getattr(state, field), field
     # The restored PCG64 state continues the same stream.
     g1, g2 = (np.random.Generator(np.random.PCG64()) for _ in range(2))
@@ -118,6 +114,22 @@ def test_damaged_checkpoint_is_a_clear_error(tmp_path: Path, content: bytes) -> 
     path.write_bytes(content)
     with pytest.raises(CheckpointError, match=re.escape(str(path))):
         load_checkpoint(path)
+
+
+def test_a_flipped_bit_in_the_tensor_data_is_refused(tmp_path: Path) -> None:
+    # The zip container does not check its members: without the checksum this loaded wrong numbers silently.
+    path = tmp_path / "checkpoint"
+    state = _state(False)
+    save_checkpoint(path, state, {"n": 1})
+    data = bytearray(path.read_bytes())
+    at = bytes(data).find(state.clients["w"].tobytes()[8:16])  # inside the stored float64 values
+    assert at > 0
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    assert str(err.value) == (f"{path}: damaged checkpoint (its checksum does not match its content); delete it to "
+                              "start the run afresh, or restore a good copy")
 
 
 def test_a_foreign_torch_file_is_refused(tmp_path: Path) -> None:
@@ -180,10 +192,10 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path: Path) -> None:
     exp = load_config(_config(tmp_path, NC_CONFIG))
     out = tmp_path / "run"
     first = run_experiment(exp, out, progress=False, checkpoint_every=10)
-    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    files = {p.name: p.read_bytes() for p in out.iterdir() if p.name != LOCK_FILE}
     again = run_experiment(exp, out, progress=False, resume=True)
     assert again == first
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != LOCK_FILE} == files
 
 
 def test_resume_refuses_a_metrics_file_that_is_not_the_checkpointed_one(tmp_path: Path, cli) -> None:
@@ -273,4 +285,4 @@ def test_sigkill_mid_stage_then_resume_is_bit_identical(tmp_path: Path, cli) -> 
     assert_same_run(tmp_path / "whole", out)
     lines = (out / METRICS_FILE).read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == list(range(1, 37))  # none twice, none lost
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary files left
+    assert not [p for p in out.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE]  # no temporary files left

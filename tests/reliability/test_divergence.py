@@ -11,7 +11,7 @@ import numpy as np
 
 from stlsgd.data import load_dataset
 from stlsgd.experiments.config import Experiment
-from stlsgd.experiments.runner import read_final_params, run_experiment
+from stlsgd.experiments.runner import run_experiment
 from stlsgd.problems.logistic import LogisticRegression
 
 
@@ -38,7 +38,7 @@ def test_huge_lr_makes_the_parameters_non_finite_at_once(tmp_path: Path, cli) ->
     assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]  # reported as a status, not noise
     assert summary["status"] == "diverged" and summary["rounds"] == 1
     assert summary["final"] == {} and _lines(out) == []
-    assert not np.isfinite(read_final_params(out / "final_params.npz")["w"]).all()
+    assert not np.isfinite(np.load(out / "final_params.npz")["w"]).all()
     # Through the CLI it is a result, not an error: exit 0 and the status on stdout.
     config = tmp_path / "c.json"
     config.write_text(json.dumps(exp.to_dict()))
@@ -57,7 +57,7 @@ def test_slow_divergence_keeps_the_last_finite_metrics(tmp_path: Path) -> None:
     assert summary["final"] == lines[-1]  # the last finite metrics, kept in both places
     assert summary["rounds"] == lines[-1]["round"] + 1  # the round whose loss was not finite is not recorded
     assert summary["rounds_to_target"] is None
-    w = read_final_params(out / "final_params.npz")["w"]
+    w = np.load(out / "final_params.npz")["w"]
     assert np.isfinite(w).all()
     digits = load_dataset("digits49")
     with np.errstate(over="ignore"):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
-from stlsgd.algorithms.plan import Plan, Round
+from pydantic import Field, field_validator
+
+from stlsgd.algorithms.plan import NO_FEEDBACK, Cursor, Feedback, InverseTime, Plan, Round
+from stlsgd.algorithms.registry import MAX_STEPS, MethodConfig, PlanContext, register
 
 
 @dataclass
@@ -19,11 +22,9 @@ class LocalSGD(Plan):
     lr_decay: float = 0.0
     name: str = "local_sgd"
 
-    def _all_rounds(self) -> Iterator[Round]:
-        index = 0
-        while True:
-            yield Round(index, 1, index * self.k, self.k, self.batch, self.lr, self.lr_decay, self.k)
-            index += 1
+    def next_round(self, cursor: Cursor, feedback: Feedback = NO_FEEDBACK) -> Round:
+        return Round(index=cursor.index, stage=1, start_iteration=cursor.iteration, steps=self.k, batch=self.batch,
+                     lrs=InverseTime(self.lr, self.lr_decay), period=self.k)
 
 
 @dataclass
@@ -48,7 +49,8 @@ class CRPSGD(Plan):
 
     ``grow="step"`` (the paper's convex runs): batch_t = min(floor(batch * rho**t), max_batch).
     ``grow="epoch"`` (the paper's non-convex runs): the batch is multiplied by rho once an epoch -- one pass of
-    ``samples_per_epoch`` samples by all ``num_clients`` clients -- is finished, until it exceeds max_batch.
+    ``samples_per_epoch`` samples by all ``num_clients`` clients -- is finished, until it exceeds max_batch
+    (the cursor's memo holds the unrounded size).
     """
 
     lr: float
@@ -61,20 +63,84 @@ class CRPSGD(Plan):
     num_clients: int = 1
     name: str = "cr_psgd"
 
-    def _all_rounds(self) -> Iterator[Round]:
-        index, seen, size = 0, 0, float(self.batch)
-        while True:
-            if self.grow == "step":
-                # Compare exponents first: rho**index overflows a float long after the cap is reached.
-                capped = index * math.log(self.rho) >= math.log(self.max_batch / self.batch)
-                b = self.max_batch if capped else min(int(math.floor(self.batch * self.rho**index + 1e-9)), self.max_batch)
-            else:
-                b = min(int(math.floor(size + 1e-9)), self.max_batch)
-            b = max(b, 1)
-            yield Round(index, 1, index, 1, b, self.lr, self.lr_decay, 1)
-            if self.grow == "epoch":
-                before = seen // self.samples_per_epoch
-                seen += b * self.num_clients
-                if seen // self.samples_per_epoch > before and size <= self.max_batch:
-                    size *= self.rho
-            index += 1
+    def next_round(self, cursor: Cursor, feedback: Feedback = NO_FEEDBACK) -> Round:
+        index = cursor.index
+        if self.grow == "step":
+            # Compare exponents first: rho**index overflows a float long after the cap is reached.
+            capped = index * math.log(self.rho) >= math.log(self.max_batch / self.batch)
+            b = self.max_batch if capped else min(int(math.floor(self.batch * self.rho**index + 1e-9)), self.max_batch)
+        else:
+            b = min(int(math.floor(self._size(cursor) + 1e-9)), self.max_batch)
+        return Round(index=index, stage=1, start_iteration=cursor.iteration, steps=1, batch=max(b, 1),
+                     lrs=InverseTime(self.lr, self.lr_decay), period=1)
+
+    def _size(self, cursor: Cursor) -> float:
+        return cursor.memo[0] if cursor.memo else float(self.batch)
+
+    def _memo(self, cursor: Cursor, rnd: Round, feedback: Feedback) -> tuple[float, ...]:
+        if self.grow != "epoch":
+            return cursor.memo
+        size = self._size(cursor)
+        before = cursor.samples * self.num_clients // self.samples_per_epoch
+        after = (cursor.samples + rnd.batch) * self.num_clients // self.samples_per_epoch
+        return (size * self.rho if after > before and size <= self.max_batch else size,)
+
+
+# --------------------------------------------------------------------------- config models (the registry)
+
+
+class _DecayingLR(MethodConfig):
+    lr_decay: float = Field(0.0, ge=0, description="alpha in eta_t = eta_1/(1+alpha t); 0 = fixed, as for nets")
+
+
+@register
+class SyncSGDConfig(_DecayingLR):
+    """SyncSGD: average after every step."""
+
+    method: Literal["sync_sgd"] = "sync_sgd"
+
+    def plan(self, ctx: PlanContext) -> Plan:
+        return SyncSGD(lr=self.lr, lr_decay=self.lr_decay, batch=self.batch)
+
+
+@register
+class LBSGDConfig(_DecayingLR):
+    """LB-SGD: per-client batch B, average after every step."""
+
+    method: Literal["lb_sgd"] = "lb_sgd"
+
+    def plan(self, ctx: PlanContext) -> Plan:
+        return LBSGD(lr=self.lr, lr_decay=self.lr_decay, batch=self.batch)
+
+
+@register
+class CRPSGDConfig(_DecayingLR):
+    """CR-PSGD (Yu & Jin 2019): the batch grows by rho each step (convex) or epoch (nets) up to max_batch."""
+
+    method: Literal["cr_psgd"] = "cr_psgd"
+    rho: float = Field(1.01, gt=1, description="batch growth factor")
+    max_batch: int = Field(512, ge=1, le=MAX_STEPS, description="batch cap")
+    grow: Literal["step", "epoch"] = Field("step", description="grow the batch every step or every epoch")
+
+    def plan(self, ctx: PlanContext) -> Plan:
+        return CRPSGD(lr=self.lr, rho=self.rho, batch=self.batch, max_batch=self.max_batch, lr_decay=self.lr_decay,
+                      grow=self.grow, samples_per_epoch=ctx.num_samples, num_clients=ctx.num_clients)
+
+
+@register
+class LocalSGDConfig(_DecayingLR):
+    """Local SGD (Algorithm 1): average every k local steps."""
+
+    method: Literal["local_sgd"] = "local_sgd"
+    # A float in the file format (as k_1 of STL-SGD), checked to be a whole number.
+    k: float = Field(1.0, ge=1, le=MAX_STEPS, description="communication period k")
+
+    @field_validator("k")
+    @classmethod
+    def _whole(cls, k: float) -> float:
+        if k != int(k):
+            raise ValueError("Local SGD needs an integer period")
+        return k
+
+    def plan(self, ctx: PlanContext) -> Plan:
+        return LocalSGD(lr=self.lr, k=int(self.k), batch=self.batch, lr_decay=self.lr_decay)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
-from stlsgd.algorithms.plan import Plan, Round, floor_period, stage_rounds
+from pydantic import Field, model_validator
+
+from stlsgd.algorithms.plan import Cursor, Feedback, InverseTime, Plan, Stage, StagewisePlan, floor_period
+from stlsgd.algorithms.registry import MAX_STEPS, MethodConfig, PlanContext, first_stage_iterations, register
+from stlsgd.errors import ConfigError
 
 
 def first_stage_length(lr: float, lam: float, scale: float = 1.0) -> int:
@@ -15,7 +19,7 @@ def first_stage_length(lr: float, lam: float, scale: float = 1.0) -> int:
 
 
 @dataclass
-class STLSGD(Plan):
+class STLSGD(StagewisePlan):
     """STL-SGD^sc (Algorithm 2) and STL-SGD^nc (Algorithm 3, Options 1 and 2).
 
     Stage s (1-based) runs Local SGD for T_s iterations with lr eta_s and period max(floor(k_s), 1):
@@ -48,15 +52,60 @@ class STLSGD(Plan):
             k = self.k1 * (s if self.iid else math.sqrt(s))
         return lr, length, floor_period(k)
 
-    def _all_rounds(self) -> Iterator[Round]:
-        index, start, s = 0, 0, 1
-        while True:
-            lr, length, period = self.stage(s)
-            for rnd in stage_rounds(
-                first_index=index, stage=s, start_iteration=start, length=length, period=period,
-                batch=self.batch, lr=lr, prox_gamma=self.gamma,
-            ):
-                yield rnd
-            index = rnd.index + 1
-            start += length
-            s += 1
+    def stage_at(self, s: int, cursor: Cursor, feedback: Feedback) -> Stage:
+        lr, length, period = self.stage(s)
+        return Stage(InverseTime(lr), length, period, self.gamma)
+
+
+# --------------------------------------------------------------------------- config models (the registry)
+
+
+class _Stagewise(MethodConfig):
+    k: float = Field(1.0, ge=1, le=MAX_STEPS, description="k_1, the first stage's period")
+    T1: int | None = Field(None, ge=1, le=MAX_STEPS, description="first stage length in iterations")
+    T1_epochs: float | None = Field(None, gt=0, le=MAX_STEPS, description="first stage length in epochs")
+    iid: bool | None = Field(None, description="k growth x2 (IID) or x sqrt 2 (Non-IID) a stage; default from "
+                                               "the partition")
+
+    @model_validator(mode="after")
+    def _one_length(self) -> _Stagewise:
+        if self.T1 is not None and self.T1_epochs is not None:
+            raise ValueError("T1: give T1 or T1_epochs, not both")
+        return self
+
+
+@register
+class STLSCConfig(_Stagewise):
+    """STL-SGD^sc (Algorithm 2): per stage eta/2, T x2, k x2 (IID) or x sqrt 2 (Non-IID)."""
+
+    method: Literal["stl_sc"] = "stl_sc"
+    lr_T1: float = Field(1.0, gt=0, description="eta_1 T_1 = lr_T1 / lambda when T1 is unset (the paper: 1)")
+
+    def plan(self, ctx: PlanContext) -> Plan:
+        T1 = first_stage_iterations(self.T1, self.T1_epochs, self.batch, ctx)
+        if T1 is None:
+            if ctx.lam is None:
+                raise ConfigError("algorithm.T1: give T1 or T1_epochs (eta_1 T_1 = 1/lambda needs a logistic lambda)")
+            T1 = first_stage_length(self.lr, ctx.lam, self.lr_T1)
+        return STLSGD(lr=self.lr, T1=T1, k1=self.k, iid=ctx.iid if self.iid is None else self.iid, batch=self.batch)
+
+
+@register
+class STLNCConfig(_Stagewise):
+    """STL-SGD^nc (Algorithm 3): a proximal term 1/(2 gamma)||x - x_s||^2 reset each stage."""
+
+    method: Literal["stl_nc"] = "stl_nc"
+    gamma: float = Field(gt=0, description="the proximal gamma")
+    option: Literal[1, 2] = Field(1, description="1: geometric stages (as sc); 2: eta_1/s, s T_1, s k_1 (IID) or "
+                                                 "sqrt(s) k_1")
+
+    @model_validator(mode="after")
+    def _length_given(self) -> STLNCConfig:
+        if self.T1 is None and self.T1_epochs is None:
+            raise ValueError("T1: stl_nc needs the first stage length (T1 or T1_epochs)")
+        return self
+
+    def plan(self, ctx: PlanContext) -> Plan:
+        T1 = first_stage_iterations(self.T1, self.T1_epochs, self.batch, ctx)
+        return STLSGD(lr=self.lr, T1=T1, k1=self.k, iid=ctx.iid if self.iid is None else self.iid,
+                      option=self.option, gamma=self.gamma, batch=self.batch, name="stl_nc")

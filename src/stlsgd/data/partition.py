@@ -9,6 +9,8 @@ import numpy as np
 from stlsgd.errors import ConfigError
 
 PARTITION_MODES: tuple[str, ...] = ("shared", "split", "noniid", "dirichlet")
+#: Modes whose clients draw from one distribution: STL-SGD then doubles k a stage (Non-IID: x sqrt 2).
+IID_MODES: tuple[str, ...] = ("shared", "split")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,12 @@
 """How to average: one rule -- every client gets the mean of all clients' parameters and buffers.
 
-The simulator takes a mean over the client axis of each stacked array; the torch.distributed executor
-all-reduces one flat buffer (see :mod:`stlsgd.executors.distributed`). *When* to average is the plan's
-business, never this module's.
+*When* to average is the plan's business, never this module's. The rule has one canonical summation order:
+the clients' arrays are added one after another in client order, then divided by N -- what NumPy's mean
+over the leading axis of a C-contiguous array does. The simulator takes that mean over its stacked clients
+(:func:`mean_over_clients`); over a process group, :func:`gather_mean` gathers every client's arrays onto
+every rank and takes the same mean, so a run on any number of ranks gives the simulator's numbers bit for
+bit. Where the state is large (a network's tensors) :func:`allreduce_mean` instead sums each rank's clients
+and all-reduces the sums in one flat buffer: the same average to rounding, at a fraction of the traffic.
 """
 
 from __future__ import annotations
@@ -20,26 +24,49 @@ def mean_over_clients(state: State) -> None:
     """In place: every client's entry becomes the mean over the client axis (integer buffers keep client 0's)."""
     for value in state.values():
         if isinstance(value, np.ndarray):
-            value[...] = value.mean(axis=0, keepdims=True)
+            value[...] = np.ascontiguousarray(value).mean(axis=0, keepdims=True)
         elif torch.is_floating_point(value):
             value.copy_(value.mean(dim=0, keepdim=True).expand_as(value))
         else:
             value.copy_(value[:1].expand_as(value))
 
 
-def allreduce_mean(state: State, num_clients_total: int, group: dist.ProcessGroup | None = None) -> None:
+def gather_mean(state: State, num_clients: int, group: dist.ProcessGroup | None = None) -> None:
+    """In place, on every rank: each local client's floating NumPy arrays become the mean over all N clients,
+    in the canonical order (see the module docstring), so the result is the simulator's bit for bit.
+
+    The ranks' clients are contiguous slices in rank order (:func:`stlsgd.executors.distributed.client_slice`),
+    so the gathered rows, in rank order, are the clients in index order. One all-gather per array (the
+    logistic model has one); ranks with fewer clients pad their share.
+    """
+    for value in state.values():
+        if not (isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating)):
+            continue
+        device = comm_device(torch.device("cpu"), group)
+        local = value.shape[0]
+        counts = [torch.zeros((), dtype=torch.int64, device=device) for _ in range(_size(group))]
+        dist.all_gather(counts, torch.tensor(local, dtype=torch.int64, device=device), group=group)
+        mine = torch.zeros((max(int(c) for c in counts), *value.shape[1:]), dtype=_as_tensor(value).dtype,
+                           device=device)
+        mine[:local] = torch.from_numpy(value).to(device)
+        rows = [torch.empty_like(mine) for _ in counts]
+        dist.all_gather(rows, mine, group=group)
+        every = torch.cat([r[: int(c)] for r, c in zip(rows, counts)]).cpu().numpy()
+        if every.shape[0] != num_clients:
+            raise RuntimeError(f"gathered {every.shape[0]} clients, expected {num_clients}")
+        value[...] = np.ascontiguousarray(every).mean(axis=0, keepdims=True)
+
+
+def allreduce_mean(state: State, num_clients: int, group: dist.ProcessGroup | None = None) -> None:
     """In place, on every rank: each local client's floating arrays become the mean over all N clients.
 
-    The torch.distributed form of :func:`mean_over_clients` (the averaging step of Algorithm 1): each rank
-    sums its own clients into one flat buffer holding every floating array of the state (parameters and
-    buffers alike), ONE all-reduce (SUM) adds the ranks' sums, and the result divided by
-    ``num_clients_total`` is written back to every local client. Ranks may hold different numbers of
-    clients. NumPy arrays are wrapped with ``torch.from_numpy`` (no copy). Integer buffers (BatchNorm's
-    ``num_batches_tracked``) advance identically on every client and are left as they are. The buffer lives
-    where the backend needs it: on the current CUDA device for ``nccl``, on the CPU otherwise.
+    Each rank sums its own clients into one flat buffer holding every floating array of the state
+    (parameters and buffers alike), ONE all-reduce (SUM) adds the ranks' sums, and the result divided by
+    ``num_clients`` is written back to every local client. The sums run in another order than the
+    simulator's mean, so results agree to rounding. Integer buffers (BatchNorm's ``num_batches_tracked``)
+    advance identically on every client and are left as they are.
     """
-    tensors = [torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in state.values()]
-    floats = [t for t in tensors if torch.is_floating_point(t)]
+    floats = [_as_tensor(v) for v in state.values() if _is_float(v)]
     if not floats:
         return
     dtype = functools.reduce(torch.promote_types, (t.dtype for t in floats))
@@ -49,9 +76,19 @@ def allreduce_mean(state: State, num_clients_total: int, group: dist.ProcessGrou
     for t, piece in zip(floats, flat.split(sizes)):
         torch.sum(t.to(device), dim=0, dtype=dtype, out=piece.view(t.shape[1:]))
     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-    flat.div_(num_clients_total)
+    flat.div_(num_clients)
     for t, piece in zip(floats, flat.split(sizes)):
         t.copy_(piece.view(1, *t.shape[1:]).expand_as(t))
+
+
+def group_mean(state: State, num_clients: int, group: dist.ProcessGroup | None = None) -> None:
+    """The average over a process group: exact (:func:`gather_mean`) for NumPy states such as the logistic
+    model, whose gather costs nothing that matters; one all-reduce (:func:`allreduce_mean`) for torch states
+    (networks), whose all-clients gather would multiply the traffic by the number of clients."""
+    if any(isinstance(v, np.ndarray) for v in state.values()):
+        gather_mean(state, num_clients, group)
+    if any(isinstance(v, torch.Tensor) for v in state.values()):
+        allreduce_mean({k: v for k, v in state.items() if isinstance(v, torch.Tensor)}, num_clients, group)
 
 
 def comm_device(device: torch.device, group: dist.ProcessGroup | None) -> torch.device:
@@ -62,9 +99,35 @@ def comm_device(device: torch.device, group: dist.ProcessGroup | None) -> torch.
     return torch.device("cpu")
 
 
+def _size(group: dist.ProcessGroup | None) -> int:
+    return (group if group is not None else dist.group.WORLD).size()
+
+
+def _is_float(value: np.ndarray | torch.Tensor) -> bool:
+    return np.issubdtype(value.dtype, np.floating) if isinstance(value, np.ndarray) else torch.is_floating_point(value)
+
+
+def _as_tensor(value: np.ndarray | torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+
+
+# --------------------------------------------------------------------------- state utilities
+
+
 def copy_state(state: State) -> State:
     """A deep copy (the proximal anchor, checkpoints)."""
     return {k: (v.copy() if isinstance(v, np.ndarray) else v.clone()) for k, v in state.items()}
+
+
+def replicate(state: State, count: int) -> State:
+    """``count`` copies of client 0 (clients are equal at the start and after every average)."""
+    out: State = {}
+    for key, value in state.items():
+        if isinstance(value, np.ndarray):
+            out[key] = np.repeat(value[:1], count, axis=0)
+        else:
+            out[key] = value[:1].repeat(count, *([1] * (value.dim() - 1)))
+    return out
 
 
 def model_bytes(state: State) -> int:

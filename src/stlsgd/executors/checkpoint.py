@@ -5,16 +5,19 @@ and of the :class:`RunState` at a round boundary: the clients' parameters, the p
 STL-SGD^nc (Algorithm 3), the sampler's PCG64 state and the counters. Saving that state after a round and
 loading it back therefore continues Algorithms 1-3 bit for bit.
 
-On disk a checkpoint is one ``torch.save`` file holding only a dict of tensors and one JSON string, so
-:func:`load_checkpoint` reads it with ``torch.load(weights_only=True)``: loading a checkpoint never runs
-code from the file. Array-valued fields (``clients``, ``anchor``; NumPy arrays or torch tensors) go into
-the tensor dict and come back as the type they were saved as; every other field, and the caller's ``meta``,
-goes into the JSON (Python's JSON keeps the 128-bit PCG64 integers and every float exactly).
+On disk a checkpoint is one ``torch.save`` file holding only a dict of tensors, one JSON string and the
+SHA-256 of both, so :func:`load_checkpoint` reads it with ``torch.load(weights_only=True)``: loading a
+checkpoint never runs code from the file, and a damaged one (a flipped bit in the tensor data, which the zip
+container does not notice) is refused instead of resuming with wrong numbers. Array-valued fields
+(``clients``, ``anchor``; NumPy arrays or torch tensors) go into the tensor dict and come back as the type they
+were saved as; every other field, and the caller's ``meta``, goes into the JSON (Python's JSON keeps the
+128-bit PCG64 integers and every float exactly).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -22,12 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from stlsgd.atomic import atomic_write
+from stlsgd.files import atomic_write
 from stlsgd.errors import StlsgdError
 from stlsgd.executors.simulator import RunState
 
 FORMAT = "stlsgd-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: the plan's cursor, the objective fed back to adaptive plans, a checksum
 # Temporary files are named like this so a resume can clear the debris of a write cut short by a kill.
 TMP_PREFIX = ".checkpoint-"
 TMP_SUFFIX = ".tmp"
@@ -35,9 +38,9 @@ TMP_SUFFIX = ".tmp"
 
 # What the JSON side of a RunState must hold; a damaged file must fail here, not rounds later in the run.
 _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
-    "clients": dict, "sampler_state": dict, "round": int, "iteration": int, "stage": int,
-    "anchor": (dict, type(None)), "bytes": int, "wall_s": (int, float), "last_eval_iteration": int,
-    "status": str, "rounds_to_target": (int, type(None)), "iterations_to_target": (int, type(None)), "last": dict,
+    "clients": dict, "sampler_state": dict, "cursor": dict, "anchor": (dict, type(None)), "bytes": int,
+    "wall_s": (int, float), "last_eval_iteration": int, "status": str, "rounds_to_target": (int, type(None)),
+    "iterations_to_target": (int, type(None)), "objective": (int, float, type(None)), "last": dict,
 }
 
 
@@ -83,9 +86,10 @@ def save_checkpoint(path: Path, state: RunState, meta: dict[str, Any]) -> None:
             fields[f.name] = value
     header = {"format": FORMAT, "version": VERSION, "arrays": arrays, "fields": fields, "meta": meta}
     try:
-        payload = {"json": json.dumps(header, allow_nan=True), "tensors": tensors}
+        text = json.dumps(header, allow_nan=True)
     except (TypeError, ValueError) as err:
         raise TypeError(f"checkpoint state/meta must be arrays or JSON values: {err}") from None
+    payload = {"json": text, "tensors": tensors, "sha256": _digest(text, tensors)}
     atomic_write(path, lambda fh: torch.save(payload, fh), mode="wb", prefix=TMP_PREFIX, suffix=TMP_SUFFIX)
 
 
@@ -101,11 +105,16 @@ def load_checkpoint(path: Path) -> tuple[RunState, dict[str, Any]]:
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no checkpoint") from None
     except Exception as err:  # torch/pickle raise a zoo of types for a damaged file; all mean "unreadable"
-        first = (str(err).strip().splitlines() or [""])[0][:160]
+        first = " ".join(str(err).split())[:300]
         raise CheckpointError(
             f"{path}: unreadable checkpoint ({type(err).__name__}: {first}); delete it to start the run afresh"
         ) from None
     try:
+        if not isinstance(payload, dict) or "sha256" not in payload:
+            raise ValueError("not an stlsgd checkpoint (no checksum)")
+        if payload["sha256"] != _digest(payload["json"], payload["tensors"]):
+            raise CheckpointError(f"{path}: damaged checkpoint (its checksum does not match its content); "
+                                  "delete it to start the run afresh, or restore a good copy")
         header = json.loads(payload["json"])
         if header.get("format") != FORMAT:
             raise ValueError("not an stlsgd checkpoint")
@@ -129,6 +138,16 @@ def load_checkpoint(path: Path) -> tuple[RunState, dict[str, Any]]:
             raise TypeError("meta is not a table")
         state = RunState(**values)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
-        first = (str(err).strip().splitlines() or [""])[0][:160]
+        first = " ".join(str(err).split())[:300]
         raise CheckpointError(f"{path}: not a valid stlsgd checkpoint ({type(err).__name__}: {first})") from None
     return state, header["meta"]
+
+
+def _digest(text: str, tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of the JSON text and of every tensor's name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256(text.encode())
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"\0{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()

@@ -1,10 +1,16 @@
-"""The research executor: N clients stacked on one axis, stepped together, averaged by a mean.
+"""The round loop: N clients stacked on one axis, stepped together, averaged, evaluated, stopped.
 
 Runs a :class:`~stlsgd.algorithms.plan.Plan` round by round (Algorithm 1 inside each stage of Algorithms 2
 and 3): local steps of every client in one batched call, one average, an evaluation of the averaged model
 when due, and a stop on target, budget or divergence. Everything a checkpoint needs is in :class:`RunState`.
-Rounds of one step (k = 1: SyncSGD, LB-SGD, CR-PSGD) keep every client equal, so when the problem offers
-``sync_steps`` the simulator takes runs of them in one call, with no per-round work in Python.
+
+Where the clients live is a :class:`Topology`: the simulator holds them all and averages with a mean over
+the client axis; the torch.distributed executor (:mod:`stlsgd.executors.distributed`) gives each rank a slice
+and averages over the process group. The loop is the same for both.
+
+Rounds of one step (k = 1: SyncSGD, LB-SGD, CR-PSGD) keep every client equal; when the problem can take
+many such rounds in one call (:class:`FusedSyncSteps`) and one process holds every client, the simulator
+takes runs of them at once, with no per-round work in Python.
 """
 
 from __future__ import annotations
@@ -18,15 +24,21 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from stlsgd.algorithms.plan import Plan, Round
+from stlsgd.algorithms.plan import NO_FEEDBACK, Cursor, Feedback, Plan, Round
 from stlsgd.executors.averaging import copy_state, is_finite, mean_over_clients, model_bytes
 from stlsgd.executors.sampling import Sampler
-from stlsgd.problems.base import Problem, State
+from stlsgd.problems.base import FusedSyncSteps, Problem, State
+
+STATUSES = ("running", "reached", "budget", "diverged", "pruned")
 
 
 @dataclass(frozen=True)
 class StopRule:
-    """When a run ends: target reached (gap <= target_gap or accuracy >= target_accuracy) or budget spent."""
+    """When a run ends: target reached (gap <= target_gap or accuracy >= target_accuracy) or budget spent.
+
+    The budget is checked between rounds: a round is the unit of communication, so a run stops after the
+    round in which ``max_iterations`` is reached, which may pass it by part of one round.
+    """
 
     target_gap: float | None = None
     target_accuracy: float | None = None
@@ -35,16 +47,29 @@ class StopRule:
     eval_every: int = 1
     eval_every_iterations: int | None = None
 
+    def spent(self, rounds: int, iterations: int) -> bool:
+        return (self.max_iterations is not None and iterations >= self.max_iterations) or (
+            self.max_rounds is not None and rounds >= self.max_rounds)
+
+    def due(self, rounds: int, iterations: int, last_eval_iteration: int) -> bool:
+        """Whether the averaged model is evaluated after this many rounds and iterations."""
+        if rounds % self.eval_every == 0:
+            return True
+        every = self.eval_every_iterations
+        return bool(every) and iterations // every > last_eval_iteration // every
+
 
 @dataclass
 class RunState:
-    """Everything needed to continue a run exactly: a checkpoint saves this and nothing else."""
+    """Everything needed to continue a run exactly: a checkpoint saves this and nothing else.
+
+    ``cursor`` is the plan's position (:class:`~stlsgd.algorithms.plan.Cursor` as a dict); ``objective`` the
+    averaged model's objective at the last evaluation, which adaptive plans read as feedback.
+    """
 
     clients: State
     sampler_state: dict[str, Any]
-    round: int = 0
-    iteration: int = 0
-    stage: int = 1
+    cursor: dict[str, Any] = field(default_factory=lambda: Cursor().to_dict())
     anchor: State | None = None
     bytes: int = 0
     wall_s: float = 0.0
@@ -52,7 +77,25 @@ class RunState:
     status: str = "running"
     rounds_to_target: int | None = None
     iterations_to_target: int | None = None
+    objective: float | None = None
     last: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def round(self) -> int:
+        return int(self.cursor["index"])
+
+    @property
+    def iteration(self) -> int:
+        return int(self.cursor["iteration"])
+
+    @property
+    def stage(self) -> int:
+        return int(self.cursor["stage"])
+
+    @property
+    def client_steps(self) -> int:
+        """Samples processed by each client so far (local steps times their mini-batch sizes)."""
+        return int(self.cursor["samples"])
 
 
 # Sample ids drawn at once (8 MiB of int64): bounds memory whatever a round's length.
@@ -71,15 +114,20 @@ class Topology:
     """Where the clients live: which of them this process steps, how they are averaged, who evaluates.
 
     The simulator's default holds every client and averages with a mean; the torch.distributed executor
-    (:mod:`stlsgd.executors.distributed`) gives each rank a contiguous slice of the client axis, averages
-    with one all-reduce, lets rank 0 alone evaluate and record, and ``agree`` hands rank 0's stop verdict
-    (and status) to every rank, so all ranks leave the loop after the same round.
+    gives each rank a contiguous slice of the client axis, averages over the process group, lets rank 0
+    alone evaluate and record, and ``agree`` hands rank 0's stop verdict (status, counters, objective) to
+    every rank, so all ranks leave the loop after the same round and see the same feedback.
     """
 
     clients: slice = field(default_factory=lambda: slice(None))
     is_root: bool = True
     average: Callable[[State], None] = mean_over_clients
     agree: Callable[[RunState, bool], bool] = _keep_verdict
+
+    @property
+    def holds_all(self) -> bool:
+        """One process holds every client (the simulator): k = 1 rounds may then be fused."""
+        return self.clients == slice(None)
 
 
 LOCAL = Topology()
@@ -89,16 +137,22 @@ def init_run_state(problem: Problem, sampler: Sampler, num_clients: int, seed: i
     return RunState(clients=problem.init_state(num_clients, seed), sampler_state=sampler.get_state())
 
 
-def _budget_spent(stop: StopRule, rounds: int, iterations: int) -> bool:
-    return (stop.max_iterations is not None and iterations >= stop.max_iterations) or (
-        stop.max_rounds is not None and rounds >= stop.max_rounds)
+@dataclass
+class _Loop:
+    """What every round of one run shares: the pieces passed in and the clock."""
 
+    plan: Plan
+    problem: Problem
+    sampler: Sampler
+    stop: StopRule
+    topology: Topology
+    fstar: float | None
+    on_metrics: Callable[[dict[str, Any]], None] | None
+    started: float
+    num_clients: int
 
-def _due(stop: StopRule, rounds: int, iterations: int, last_eval_iteration: int) -> bool:
-    if rounds % stop.eval_every == 0:
-        return True
-    every = stop.eval_every_iterations
-    return bool(every) and iterations // every > last_eval_iteration // every
+    def feedback(self, state: RunState) -> Feedback:
+        return Feedback(objective=state.objective) if self.plan.adaptive else NO_FEEDBACK
 
 
 def run(
@@ -122,18 +176,19 @@ def run(
     the group's last round; groups end at every multiple of ``align`` rounds, so a caller that checkpoints
     every ``align`` rounds sees each of those rounds."""
     sampler.set_state(state.sampler_state)
-    n_clients = sampler.partition.num_clients
-    per_round_bytes = 2 * n_clients * model_bytes(state.clients)
+    loop = _Loop(plan, problem, sampler, stop, topology, fstar, on_metrics, time.perf_counter() - state.wall_s,
+                 sampler.partition.num_clients)
+    per_round_bytes = 2 * loop.num_clients * model_bytes(state.clients)
+    fuse = topology.holds_all and isinstance(problem, FusedSyncSteps)
     bar = tqdm(total=stop.max_iterations, initial=state.iteration, unit="it", disable=None if progress else True,
                leave=False, dynamic_ncols=True)
-    started = time.perf_counter() - state.wall_s
-    fuse = topology is LOCAL and hasattr(problem, "sync_steps")
+    rnd: Round | None = None
     try:
-        for group in _groups(plan.rounds(start=state.round), stop, state, n_clients if fuse else 0, align):
-            rnd = group[-1]
-            if _budget_spent(stop, state.round, state.iteration):  # resumed, or started, with nothing left to do
+        for group, cursor in _groups(loop, state, fuse, align):
+            if stop.spent(state.round, state.iteration):  # resumed, or started, with nothing left to do
                 state.status = "budget"
                 break
+            rnd = group[-1]
             first = group[0]
             if first.new_anchor or (first.prox_gamma is not None and state.anchor is None):
                 state.anchor = copy_state({k: v[:1] for k, v in state.clients.items()})
@@ -143,88 +198,88 @@ def run(
                 problem.sync_steps(state.clients, sampler.draw(len(group), rnd.batch), lrs, prox)
             else:
                 lrs = rnd.learning_rates()
-                _local_round(rnd, lrs, problem, sampler, state, prox, n_clients, topology)
-            state.round = rnd.index + 1
-            state.iteration = rnd.end_iteration
-            state.stage = rnd.stage
+                _local_round(loop, rnd, lrs, state, prox)
+            state.cursor = cursor.to_dict()
             state.bytes += per_round_bytes * len(group)
             state.sampler_state = sampler.get_state()
             bar.update(rnd.end_iteration - first.start_iteration)
-            finished = _evaluate_if_due(rnd, lrs, problem, stop, state, fstar, started, on_metrics, topology)
+            finished = _evaluate_if_due(loop, rnd, float(lrs[-1]), state)
             if on_round is not None:
                 verdict = on_round(state, rnd)
                 if verdict and not finished:
                     state.status, finished = verdict, True
             if finished:
                 break
-        else:  # pragma: no cover - plans are endless
-            state.status = "budget"
     finally:
         bar.close()
     if topology.is_root and state.status == "budget" and state.last.get("round") != state.round:
-        _record(rnd, rnd.learning_rates(), problem, state, fstar, started, on_metrics)
-    state.wall_s = time.perf_counter() - started
+        # The budget ended the run between evaluations: record the final model once more.
+        last = rnd or plan.next_round(Cursor.from_dict(state.cursor), loop.feedback(state))
+        _record(loop, last, float(last.learning_rates()[-1]), state)
+    state.wall_s = time.perf_counter() - loop.started
     return state
 
 
-def _local_round(rnd, lrs, problem, sampler, state, prox, n_clients, topology) -> None:
+def _local_round(loop: _Loop, rnd: Round, lrs: np.ndarray, state: RunState, prox: tuple[float, State] | None) -> None:
     # Late STL-SGD stages have rounds of 10^5-10^7 local steps: draw and step them in slices so the sample
     # matrix stays small. The generator fills draws in order, so slicing changes no sample.
-    chunk = max(1, SAMPLES_PER_CHUNK // (n_clients * rnd.batch))
+    chunk = max(1, SAMPLES_PER_CHUNK // (loop.num_clients * rnd.batch))
     for first in range(0, rnd.steps, chunk):
         steps = min(chunk, rnd.steps - first)
-        rows = sampler.draw(steps, rnd.batch)[:, topology.clients]
-        problem.local_steps(state.clients, rows, lrs[first : first + steps], prox)
-    topology.average(state.clients)
+        rows = loop.sampler.draw(steps, rnd.batch)[:, loop.topology.clients]
+        loop.problem.local_steps(state.clients, rows, lrs[first : first + steps], prox)
+    loop.topology.average(state.clients)
 
 
-def _groups(rounds: Iterator[Round], stop: StopRule, state: RunState, fuse_clients: int, align: int | None
-            ) -> Iterator[list[Round]]:
-    """The rounds, one by one -- or, when ``fuse_clients`` (the number of clients) is not 0, runs of one-step
+def _groups(loop: _Loop, state: RunState, fuse: bool, align: int | None) -> Iterator[tuple[list[Round], Cursor]]:
+    """The rounds, one by one, each with the plan's cursor after it -- or, when ``fuse``, runs of one-step
     rounds (k = 1: SyncSGD, LB-SGD, CR-PSGD) that one ``problem.sync_steps`` call can take at once, since an
-    average after every step keeps all clients equal. A group ends where the executor must look at the state:
+    average after every step keeps all clients equal. A group ends where the loop must look at the state:
     an evaluation, the budget, a multiple of ``align`` (checkpoints), a change of batch or proximal term, or
-    SAMPLES_PER_CHUNK samples.
+    SAMPLES_PER_CHUNK samples. Each round is asked of the plan with the feedback of the moment.
     """
-    pending: Round | None = None
+    plan, stop = loop.plan, loop.stop
     while True:
-        rnd = pending if pending is not None else next(rounds)
-        pending = None
+        cursor = Cursor.from_dict(state.cursor)
+        feedback = loop.feedback(state)
+        rnd = plan.next_round(cursor, feedback)
+        cursor = plan.advance(cursor, rnd, feedback)
         group = [rnd]
-        if fuse_clients and rnd.steps == 1:
-            limit = max(1, SAMPLES_PER_CHUNK // (fuse_clients * rnd.batch))
+        if fuse and rnd.steps == 1:
+            limit = max(1, SAMPLES_PER_CHUNK // (loop.num_clients * rnd.batch))
             while len(group) < limit and not _boundary(stop, group[-1], state.last_eval_iteration, align):
-                nxt = next(rounds)
+                nxt = plan.next_round(cursor, feedback)
                 if nxt.steps != 1 or nxt.batch != rnd.batch or nxt.prox_gamma != rnd.prox_gamma or nxt.new_anchor:
-                    pending = nxt
                     break
                 group.append(nxt)
-        yield group
+                cursor = plan.advance(cursor, nxt, feedback)
+        yield group, cursor
 
 
 def _boundary(stop: StopRule, rnd: Round, last_eval_iteration: int, align: int | None) -> bool:
     """Whether the state after ``rnd`` must be seen: it may be evaluated, end the run or be checkpointed."""
     rounds, iterations = rnd.index + 1, rnd.end_iteration
-    return (_due(stop, rounds, iterations, last_eval_iteration) or _budget_spent(stop, rounds, iterations)
+    return (stop.due(rounds, iterations, last_eval_iteration) or stop.spent(rounds, iterations)
             or bool(align and rounds % align == 0))
 
 
-def _evaluate_if_due(rnd, lrs, problem, stop, state, fstar, started, on_metrics, topology=LOCAL) -> bool:
-    budget_next = _budget_spent(stop, state.round, state.iteration)
+def _evaluate_if_due(loop: _Loop, rnd: Round, lr: float, state: RunState) -> bool:
+    stop = loop.stop
+    budget_next = stop.spent(state.round, state.iteration)
     # Averaged models are identical on every rank, so every rank reaches this test in the same rounds.
     diverged = not is_finite(state.clients)
-    if not (diverged or budget_next or _due(stop, state.round, state.iteration, state.last_eval_iteration)):
+    if not (diverged or budget_next or stop.due(state.round, state.iteration, state.last_eval_iteration)):
         return False
-    finished = _verdict(rnd, lrs, problem, stop, state, fstar, started, on_metrics, diverged, budget_next) \
-        if topology.is_root else False
-    return topology.agree(state, finished)
+    finished = _verdict(loop, rnd, lr, state, diverged, budget_next) if loop.topology.is_root else False
+    return loop.topology.agree(state, finished)
 
 
-def _verdict(rnd, lrs, problem, stop, state, fstar, started, on_metrics, diverged, budget_next) -> bool:
+def _verdict(loop: _Loop, rnd: Round, lr: float, state: RunState, diverged: bool, budget_next: bool) -> bool:
+    stop = loop.stop
     if diverged:
         state.status = "diverged"  # the last finite metrics stay in state.last
         return True
-    metrics = _record(rnd, lrs, problem, state, fstar, started, on_metrics)
+    metrics = _record(loop, rnd, lr, state)
     if not math.isfinite(metrics["objective"]):
         state.status = "diverged"
         return True
@@ -241,24 +296,29 @@ def _verdict(rnd, lrs, problem, stop, state, fstar, started, on_metrics, diverge
     return False
 
 
-def _record(rnd, lrs, problem, state, fstar, started, on_metrics) -> dict[str, Any]:
-    ev = problem.evaluate(state.clients)
+def _record(loop: _Loop, rnd: Round, lr: float, state: RunState) -> dict[str, Any]:
+    """Evaluate the averaged model and pass one metrics line on (finite ones only)."""
+    ev = loop.problem.evaluate(state.clients)
     metrics = {
         "round": state.round,
         "iteration": state.iteration,
         "stage": rnd.stage,
-        "lr": float(lrs[-1]),
+        "lr": lr,
         "period": rnd.period,
         "batch": rnd.batch,
         "objective": ev.objective,
-        "gap": None if fstar is None else ev.objective - fstar,
+        "gap": None if loop.fstar is None else ev.objective - loop.fstar,
         "accuracy": ev.accuracy,
+        "client_steps": state.client_steps,
+        "epochs": state.client_steps * loop.num_clients / loop.problem.num_samples,
         "bytes": state.bytes,
-        "wall_s": round(time.perf_counter() - started, 6),
+        "bytes_per_client": state.bytes // (2 * loop.num_clients),
+        "wall_s": round(time.perf_counter() - loop.started, 6),
     }
     state.last_eval_iteration = state.iteration
     if math.isfinite(ev.objective):
         state.last = metrics
-        if on_metrics is not None:
-            on_metrics(metrics)
+        state.objective = ev.objective
+        if loop.on_metrics is not None:
+            loop.on_metrics(metrics)
     return metrics

@@ -1,19 +1,31 @@
-"""From a validated config to the pieces an executor runs: dataset, partition, problem and plan."""
+"""From a validated config to the pieces an executor runs: dataset, partition, problem, plan and stop rule.
+
+Everything here reads inputs and checks them; nothing writes. A bad input fails here, before a run touches
+its output directory.
+"""
 
 from __future__ import annotations
 
-import math
+import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import platformdirs
+import scipy.sparse as sp
 
-from stlsgd.algorithms import CRPSGD, LBSGD, STLSGD, LocalSGD, Plan, SyncSGD, first_stage_length
+from stlsgd.algorithms import Plan, PlanContext
 from stlsgd.data import Dataset, Partition, load_dataset, make_partition, resolve_data_dir
+from stlsgd.data.partition import IID_MODES
 from stlsgd.errors import ConfigError
-from stlsgd.experiments.config import AlgorithmConfig, Experiment
+from stlsgd.executors.simulator import StopRule
+from stlsgd.experiments.config import Experiment
 from stlsgd.problems.logistic import LogisticRegression
 from stlsgd.problems.neural import NeuralNetProblem
+
+# Newton's method for the exact optimum f* solves with a dense d x d Hessian.
+MAX_NEWTON_FEATURES = 20_000
 
 
 @dataclass
@@ -23,31 +35,30 @@ class Built:
     problem: LogisticRegression | NeuralNetProblem
     plan: Plan
     data_dir: Path
+    #: Hash of the loaded data and its partition: a checkpoint resumes only on the data it was made on.
+    fingerprint: str
 
 
-def build_plan(alg: AlgorithmConfig, *, num_samples: int, num_clients: int, lam: float, iid_default: bool) -> Plan:
-    """The method's plan of rounds; T_1 from T1, T1_epochs or eta_1 T_1 = lr_T1/lambda (Section 5)."""
-    m = alg.method
-    if m == "sync_sgd":
-        return SyncSGD(lr=alg.lr, lr_decay=alg.lr_decay, batch=alg.batch)
-    if m == "lb_sgd":
-        return LBSGD(lr=alg.lr, lr_decay=alg.lr_decay, batch=alg.batch)
-    if m == "local_sgd":
-        return LocalSGD(lr=alg.lr, k=int(alg.k), batch=alg.batch, lr_decay=alg.lr_decay)
-    if m == "cr_psgd":
-        return CRPSGD(lr=alg.lr, rho=alg.rho, batch=alg.batch, max_batch=alg.max_batch, lr_decay=alg.lr_decay,
-                      grow=alg.grow, samples_per_epoch=num_samples, num_clients=num_clients)
-    if alg.T1 is not None:
-        T1 = alg.T1
-    elif alg.T1_epochs is not None:
-        T1 = max(int(math.ceil(alg.T1_epochs * num_samples / (num_clients * alg.batch))), 1)
-    elif m == "stl_sc":
-        T1 = first_stage_length(alg.lr, lam, alg.lr_T1)
-    else:
-        raise ConfigError("algorithm.T1: stl_nc needs the first stage length (T1 or T1_epochs)")
-    return STLSGD(lr=alg.lr, T1=T1, k1=alg.k, iid=iid_default if alg.iid is None else alg.iid,
-                  option=alg.option if m == "stl_nc" else 1, gamma=alg.gamma if m == "stl_nc" else None,
-                  batch=alg.batch, name=m)
+def cache_dir() -> Path:
+    """Where computed facts (the exact optimum f* per dataset and lambda) are kept: $STLSGD_CACHE or the user cache."""
+    return Path(os.environ.get("STLSGD_CACHE") or platformdirs.user_cache_dir("stlsgd"))
+
+
+def stop_rule(exp: Experiment, has_optimum: bool) -> StopRule:
+    r = exp.run
+    return StopRule(
+        target_gap=r.target_gap if has_optimum else None,
+        target_accuracy=r.target_accuracy,
+        max_iterations=r.max_iterations,
+        max_rounds=r.max_rounds,
+        eval_every=r.eval_every,
+        eval_every_iterations=r.eval_every_iterations,
+    )
+
+
+def plan_context(exp: Experiment, num_samples: int, lam: float | None) -> PlanContext:
+    return PlanContext(num_samples=num_samples, num_clients=exp.data.num_clients, lam=lam,
+                       iid=exp.data.partition in IID_MODES)
 
 
 def net_problem(exp: Experiment, dataset: Dataset) -> NeuralNetProblem:
@@ -69,6 +80,46 @@ def net_problem(exp: Experiment, dataset: Dataset) -> NeuralNetProblem:
         raise ConfigError(f"problem: {exc}") from None
 
 
+def logistic_problem(exp: Experiment, dataset: Dataset) -> LogisticRegression:
+    """Eq. 8 on a binary svmlight dataset, after checking that its model and f* fit this machine."""
+    if not sp.issparse(dataset.X) or dataset.num_classes != 2:
+        raise ConfigError(f"problem.kind: logistic regression needs a two-class svmlight dataset; {dataset.name} "
+                          f"is {'an image' if not sp.issparse(dataset.X) else 'a multi-class'} dataset "
+                          "(use problem.kind = 'net')")
+    d, clients = dataset.d, exp.data.num_clients
+    need = 8 * d * clients * 2  # the stacked client models and one working copy
+    if exp.run.target_gap is not None:
+        if d > MAX_NEWTON_FEATURES:
+            raise ConfigError(f"run.target_gap: the exact optimum f* needs Newton's method with a dense {d} x {d} "
+                              f"Hessian ({8 * d * d / 2**30:.1f} GiB), more than stlsgd computes "
+                              f"(d <= {MAX_NEWTON_FEATURES}); set run.target_gap = \"none\"")
+        need += 8 * d * d
+    available = _memory_bytes()
+    if available and need > available:
+        raise ConfigError(f"data.dataset: {dataset.name} has d = {d} features: {clients} client models need "
+                          f"{need / 2**30:.1f} GiB, more than this machine's {available / 2**30:.1f} GiB")
+    return LogisticRegression(dataset.X, dataset.y, lam=exp.problem.lam, name=dataset.name)
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def fingerprint(dataset: Dataset, partition: Partition) -> str:
+    """BLAKE2 hash of the loaded rows, labels and partition (a second or less on the paper's datasets)."""
+    h = hashlib.blake2b(digest_size=16)
+    X = dataset.X
+    arrays = (X.indptr, X.indices, X.data) if sp.issparse(X) else (X,)
+    for a in (*arrays, dataset.y, partition.rows, partition.starts, partition.sizes):
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(a.data)
+    return h.hexdigest()
+
+
 def build(exp: Experiment, data_dir: str | None = None) -> Built:
     directory = resolve_data_dir(data_dir or exp.data.data_dir)
     dataset = load_dataset(exp.data.dataset, directory)
@@ -79,10 +130,7 @@ def build(exp: Experiment, data_dir: str | None = None) -> Built:
         partition = make_partition(dataset.y, d.num_clients, d.partition, seed=d.partition_seed, s=d.s, alpha=d.alpha)
     except ConfigError as err:  # make_partition names its own arguments; the user wrote them under [data]
         raise ConfigError(f"data.{err}") from None
-    if exp.problem.kind == "net":
-        problem: LogisticRegression | NeuralNetProblem = net_problem(exp, dataset)
-    else:
-        problem = LogisticRegression(dataset.X, dataset.y, lam=exp.problem.lam, name=dataset.name)
-    plan = build_plan(exp.algorithm, num_samples=dataset.n, num_clients=d.num_clients, lam=problem.lam,
-                      iid_default=d.partition in ("shared", "split"))
-    return Built(dataset, partition, problem, plan, directory)
+    problem: LogisticRegression | NeuralNetProblem
+    problem = net_problem(exp, dataset) if exp.problem.kind == "net" else logistic_problem(exp, dataset)
+    plan = exp.algorithm.plan(plan_context(exp, dataset.n, problem.lam))
+    return Built(dataset, partition, problem, plan, directory, fingerprint(dataset, partition))

@@ -7,35 +7,31 @@ Every error names the file and the dotted field (``algorithm.lr: must be > 0``) 
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
-from typing import Any, Literal
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from stlsgd.algorithms import REGISTRY
+from stlsgd.algorithms.registry import MAX_STEPS
 from stlsgd.errors import ConfigError
+from stlsgd.schema import StrictModel
 
-METHODS = ("sync_sgd", "lb_sgd", "cr_psgd", "local_sgd", "stl_sc", "stl_nc")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False, validate_assignment=True)
-
-
-class DataConfig(_Strict):
+class DataConfig(StrictModel):
     """Which data and how it is spread over clients (Section 5)."""
 
     dataset: str = "digits49"
     data_dir: str | None = None
-    num_clients: int = Field(32, ge=1)
+    num_clients: int = Field(32, ge=1, le=2**20)
     partition: Literal["shared", "split", "noniid", "dirichlet"] = "shared"
     s: float = Field(50.0, ge=0, le=100, description="Non-IID: percent of the data dealt IID")
     alpha: float = Field(0.5, gt=0, description="Dirichlet label-skew concentration")
-    partition_seed: int = 0
+    partition_seed: int = Field(0, ge=0, lt=2**63)
     max_samples: int | None = Field(None, ge=1, description="use only the first max_samples rows (CPU-scale runs)")
 
 
-class ProblemConfig(_Strict):
+class ProblemConfig(StrictModel):
     """The objective: logistic regression (Eq. 8, convex) or a network on images (Section 5, non-convex)."""
 
     kind: Literal["logistic", "net"] = "logistic"
@@ -55,43 +51,19 @@ class ProblemConfig(_Strict):
         return self
 
 
-class AlgorithmConfig(_Strict):
-    """One method and its hyper-parameters (names follow the paper)."""
-
-    method: Literal["sync_sgd", "lb_sgd", "cr_psgd", "local_sgd", "stl_sc", "stl_nc"] = "stl_sc"
-    lr: float = Field(1.0, gt=0, description="eta_1")
-    lr_decay: float = Field(0.0, ge=0, description="alpha in eta_t = eta_1/(1+alpha t)")
-    batch: int = Field(1, ge=1, description="per-client mini-batch (LB-SGD's B)")
-    k: float = Field(1.0, ge=1, description="Local SGD period k, or STL-SGD's k_1")
-    T1: int | None = Field(None, ge=1, description="STL-SGD first stage length in iterations")
-    T1_epochs: float | None = Field(None, gt=0, description="STL-SGD first stage length in epochs")
-    lr_T1: float = Field(1.0, gt=0, description="STL-SGD^sc rule eta_1 T_1 = lr_T1 / lambda when T1 is unset")
-    iid: bool | None = Field(None, description="k growth 2 (IID) or sqrt 2 (Non-IID); default from partition")
-    option: Literal[1, 2] = 1
-    gamma: float | None = Field(None, gt=0, description="STL-SGD^nc proximal gamma")
-    rho: float = Field(1.01, gt=1, description="CR-PSGD batch growth factor")
-    max_batch: int = Field(512, ge=1, description="CR-PSGD batch cap")
-    grow: Literal["step", "epoch"] = "step"
-
-    @model_validator(mode="after")
-    def _consistent(self) -> AlgorithmConfig:
-        if self.method == "local_sgd" and self.k != int(self.k):
-            raise ValueError("k: Local SGD needs an integer period")
-        if self.method == "stl_nc" and self.gamma is None:
-            raise ValueError("gamma: required for stl_nc (the proximal term 1/(2 gamma)||x - x_s||^2)")
-        if self.T1 is not None and self.T1_epochs is not None:
-            raise ValueError("T1: give T1 or T1_epochs, not both")
-        return self
+# The [algorithm] section: one of the registered methods' models, chosen by its `method` field.
+AlgorithmConfig = Annotated[Union[tuple(REGISTRY.values())], Field(discriminator="method")]  # noqa: UP007
+DEFAULT_METHOD = "stl_sc"
 
 
-class RunConfig(_Strict):
+class RunConfig(StrictModel):
     """Seed, stop rule and evaluation schedule."""
 
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**63)
     target_gap: float | None = Field(1e-4, gt=0, description="stop when f(x) - f* <= target_gap")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="stop when training accuracy >= this")
-    max_iterations: int | None = Field(5_000_000, ge=1)
-    max_rounds: int | None = Field(None, ge=1)
+    max_iterations: int | None = Field(5_000_000, ge=1, le=MAX_STEPS)
+    max_rounds: int | None = Field(None, ge=1, le=MAX_STEPS)
     eval_every: int = Field(1, ge=1, description="evaluate the averaged model every this many rounds")
     eval_every_iterations: int | None = Field(None, ge=1, description="and whenever this many iterations pass")
 
@@ -103,15 +75,37 @@ class RunConfig(_Strict):
         return None if isinstance(value, str) and value.strip().lower() in ("none", "null", "off") else value
 
 
-class Experiment(_Strict):
+class Experiment(StrictModel):
     name: str = "run"
     data: DataConfig = DataConfig()
     problem: ProblemConfig = ProblemConfig()
-    algorithm: AlgorithmConfig = AlgorithmConfig()
+    algorithm: AlgorithmConfig = Field(default_factory=lambda: REGISTRY[DEFAULT_METHOD]())
     run: RunConfig = RunConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_method(cls, raw: Any) -> Any:
+        # An [algorithm] section without `method` means the default method, as a missing section does.
+        if isinstance(raw, dict) and isinstance(raw.get("algorithm"), dict) and "method" not in raw["algorithm"]:
+            raw = {**raw, "algorithm": {"method": DEFAULT_METHOD, **raw["algorithm"]}}
+        return raw
+
+    @field_validator("name")
+    @classmethod
+    def _relative_name(cls, name: str) -> str:
+        # The name is the default output directory under runs/: it must stay there.
+        parts = PurePosixPath(name.replace("\\", "/")).parts
+        if not name.strip() or "\0" in name or name.startswith(("/", "\\")) or ".." in parts:
+            raise ValueError(f"must be a relative name without '..' (it becomes runs/NAME), got {name!r}")
+        return name
+
     @model_validator(mode="after")
-    def _net_protocol(self) -> Experiment:
+    def _cross_section(self) -> Experiment:
+        budget = self.run.max_iterations
+        k = getattr(self.algorithm, "k", None)
+        if budget is not None and k is not None and k > budget:
+            raise ValueError(f"algorithm.k: the period {k:g} exceeds run.max_iterations ({budget}): "
+                             "not one round would fit the budget")
         # A network has no known optimum f*: its runs stop on training accuracy (Table 3), so target_gap,
         # unless given, is unset rather than the logistic default.
         if self.problem.kind != "net":
@@ -128,17 +122,44 @@ class Experiment(_Strict):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    def identity(self) -> dict[str, Any]:
+        """The fields that differ from their defaults, without the display name: what makes two runs the same.
+
+        The method is kept unless it is the default one, so that identities (and the sweep keys hashed from
+        them) stay what they were before each method had its own config model.
+        """
+        body = self.model_dump(mode="json", exclude_defaults=True)
+        body.pop("name", None)
+        if self.algorithm.method != DEFAULT_METHOD:
+            body.setdefault("algorithm", {})["method"] = self.algorithm.method
+        return body
+
 
 def _format(err: ValidationError, source: str) -> str:
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
+    parts = list(first["loc"])
+    if len(parts) >= 2 and parts[0] == "algorithm" and parts[1] in REGISTRY:
+        del parts[1]  # the union's tag (the method): the user wrote algorithm.FIELD
+    loc = ".".join(str(p) for p in parts)
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown field"
+        if parts[0] == "algorithm" and len(parts) == 2:
+            method = (first.get("input") and None) or _method_of(err)
+            if method:
+                msg = f"unknown field for method {method!r} (stlsgd methods lists each method's fields)"
+    elif first["type"] == "union_tag_invalid":
+        loc = f"{loc}.method"
+        msg = f"unknown method {first['ctx']['tag']!r}; known: {', '.join(REGISTRY)}"
     if ": " in msg and not loc.endswith(msg.split(": ", 1)[0]) and first["type"] == "value_error":
         field, msg = msg.split(": ", 1)
         loc = f"{loc}.{field}" if loc else field
     return f"{source}: {loc}: {msg}"
+
+
+def _method_of(err: ValidationError) -> str | None:
+    loc = err.errors()[0]["loc"]
+    return str(loc[1]) if len(loc) >= 2 and loc[1] in REGISTRY else None
 
 
 def parse_value(text: str) -> Any:
@@ -213,6 +234,6 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
 
 def dump_config(exp: Experiment, path: Path) -> None:
     """Save the resolved config, atomically: a half-written config.yaml would look like another run's."""
-    from stlsgd.atomic import atomic_write
+    from stlsgd.files import atomic_write
 
     atomic_write(path, lambda fh: fh.write(yaml.safe_dump(exp.to_dict(), sort_keys=False)))

@@ -43,7 +43,7 @@ def demo(out: Path, progress: bool = True) -> list[dict]:
 
 def _plot(out: Path, summaries: list[dict]) -> Path:
     from stlsgd.experiments.plots import Curve, Panel, panels_figure
-    from stlsgd.experiments.sweep import read_jsonl
+    from stlsgd.files import read_jsonl
 
     panel = Panel("digits 4 vs 9, 16 clients (IID shared)", "objective gap f(x) - f*", target=1e-4)
     for s in summaries:

@@ -13,7 +13,6 @@ the metrics of each row's best run (``DIR/runs/<key>/metrics.jsonl``) and writes
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 from pathlib import Path
@@ -21,7 +20,8 @@ from typing import Any
 
 from stlsgd.errors import StlsgdError
 from stlsgd.experiments.plots import Curve, Panel, panels_figure
-from stlsgd.experiments.sweep import BEST, read_jsonl, read_results
+from stlsgd.experiments.sweeps.results import BEST, read_results
+from stlsgd.files import read_jsonl
 
 BASELINE_METHOD = "sync_sgd"
 
@@ -197,7 +197,7 @@ def write_report(dirs: list[Path], out: Path, prefix: str = "table") -> list[Pat
         raise StlsgdError("report: give at least one sweep directory")
     sweeps = [load_sweep_dir(Path(d)) for d in dirs]
     for sweep in sweeps:
-        if not read_results(sweep["_dir"] / "results.jsonl"):
+        if not read_results(sweep["_dir"]):
             raise StlsgdError(f"{sweep['_dir'] / 'results.jsonl'}: no results")
     out.mkdir(parents=True, exist_ok=True)
     md, csv_path = out / f"{prefix}.md", out / f"{prefix}.csv"
@@ -207,18 +207,3 @@ def write_report(dirs: list[Path], out: Path, prefix: str = "table") -> list[Pat
     epochs = panels_figure(_panels(sweeps, "epochs"), "epochs (samples by all clients / n)",
                            out / f"{prefix}_epochs.png", log_x=True)
     return [md, csv_path, rounds, epochs]
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    for path in write_report([Path(d) for d in args.dirs], Path(args.out), args.prefix):
-        print(path)
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``stlsgd report DIR [DIR ...] [--out OUTDIR] [--prefix NAME]``."""
-    p = subparsers.add_parser("report", help="tables (Markdown, CSV) and figures (PNG) from sweep directories")
-    p.add_argument("dirs", nargs="+", metavar="DIR", help="sweep output directories (with best.json), one per column")
-    p.add_argument("--out", default="report", help="output directory (default ./report)")
-    p.add_argument("--prefix", default="table", help="file name prefix (default: table)")
-    p.set_defaults(func=_cmd_report)

@@ -8,7 +8,8 @@ over that axis (simulator) or an all-reduce of the flattened arrays (torch.distr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -27,6 +28,8 @@ class Problem(Protocol):
     """A training problem the executors can run."""
 
     num_samples: int
+    #: Eq. 8's lambda for the rule eta_1 T_1 = 1/lambda; None where the objective has no L2 term (nets).
+    lam: float | None
 
     def init_state(self, num_clients: int, seed: int) -> State:
         """Every client starts from the same x_0 (Algorithm 1, 'Initialize')."""
@@ -40,12 +43,19 @@ class Problem(Protocol):
         (1/gamma, anchor) for STL-SGD^nc's term 1/(2 gamma) ||x - x_s||^2, or None.
         """
 
-    # Optional: ``sync_steps(state, rows, lrs, prox)``, the same as ``local_steps`` one step at a time with a
-    # mean over the clients after each step, for clients that start equal. The simulator uses it, when a
-    # problem has it, to take runs of k = 1 rounds (SyncSGD, LB-SGD, CR-PSGD) in one call.
-
     def evaluate(self, state: State) -> Evaluation:
         """Objective and accuracy of the model held by client 0 (called right after an average)."""
 
-    def optimum(self) -> float | None:
-        """f(x*) when it is known exactly (convex problems), else None."""
+    def optimum(self, cache_dir: Path | None = None) -> float | None:
+        """f(x*) when it is known exactly (convex problems), else None; ``cache_dir`` keeps computed optima."""
+
+
+@runtime_checkable
+class FusedSyncSteps(Protocol):
+    """A problem that can take many k = 1 rounds in one call (a capability the simulator checks for)."""
+
+    def sync_steps(
+        self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None
+    ) -> None:
+        """``local_steps`` one step at a time with the average over the clients after each step, for clients
+        that start equal: the same numbers as ``len(lrs)`` rounds of one step each."""

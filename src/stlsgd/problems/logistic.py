@@ -152,48 +152,82 @@ def _client_block(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv,
 
 
 @numba.njit(cache=True, nogil=True)
-def _sync_steps(w, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, counts):  # pragma: no cover
-    """One model, every step averaged at once: w -= lr_t * (mean loss gradient over all clients' rows[t] +
-    lam w + gamma_inv (w - anchor)) -- Local SGD with k = 1 (SyncSGD, LB-SGD, CR-PSGD), since the average
-    of N identical models each stepped on its own mini-batch is one step on the union of the mini-batches.
+def _sync_steps(w, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, tmp, val, acc, common):  # pragma: no cover
+    """``len(lrs)`` rounds of one step each -- every client steps from the common model w, then w becomes
+    the mean of the clients (SyncSGD, LB-SGD, CR-PSGD) -- with the same numbers, bit for bit, as
+    :func:`_client_block` for one step followed by the canonical mean (clients added in order, then divided
+    by N; :mod:`stlsgd.executors.averaging`).
 
-    The gradient is a sum at one point, so its terms may be taken in any order. When the step's rows are many
-    (LB-SGD's B = 1600 draws 51,200 of a9a's 32,561 rows), they are counted and visited in row order: a
-    sequential pass over the design matrix instead of one cache miss per row, and each duplicate once.
+    Without the round trips through Python, and without an N x d matrix: a client's model differs from the
+    common value of every coordinate its rows do not touch, so the sum over clients adds that common value
+    ``v`` for them and patches in each client's own values where its rows touch (``tmp``, ``val`` and ``acc``
+    and ``common`` are d-long scratch arrays; ``val`` equals ``v`` between clients).
     """
-    n, d = counts.shape[0], w.shape[0]
-    n_steps = rows.shape[0]
-    flat = rows.reshape(n_steps, -1)
-    per_step = flat.shape[1]
-    grad = np.empty(d)
-    by_count = per_step * 16 >= n
-    visit = np.empty(n if by_count else per_step, dtype=flat.dtype)
-    margins = np.empty(visit.shape[0])
-    same_w = np.broadcast_to(w, (visit.shape[0], d))  # every row's margin is taken at the one model
+    n_steps, n_clients, batch = rows.shape
+    d = w.shape[0]
+    margins = np.empty((batch, n_clients))
+    coef = np.empty(batch)
+    same_w = np.broadcast_to(w, (n_clients, d))  # every client's margin is taken at the one model
     for t in range(n_steps):
-        grad[:] = 0.0
-        if by_count:
-            for r in flat[t]:
-                counts[r] += 1
-            n_visit = 0
-            for r in range(n):
-                if counts[r] != 0:
-                    visit[n_visit] = r
-                    n_visit += 1
-        else:
-            visit[:] = flat[t]
-            n_visit = per_step
-        _margins(same_w, indptr, indices, data, table, visit[:n_visit], margins)
-        for i in range(n_visit):
-            r = visit[i]
-            if by_count:
-                _add(grad, indptr, indices, data, table, r, -counts[r] * y[r] * _sigmoid(-y[r] * margins[i]))
-                counts[r] = 0
-            else:
-                _add(grad, indptr, indices, data, table, r, -y[r] * _sigmoid(-y[r] * margins[i]))
         lr = lrs[t]
+        for j in range(batch):
+            _margins(same_w, indptr, indices, data, table, rows[t, :, j], margins[j])
+        # What _client_block does to a coordinate no row touches, and the scale its sparse updates divide by.
+        shrink = 1.0 - lr * lam
+        scaled = gamma_inv <= 0.0 and not shrink < 1e-100
+        sc = shrink if scaled else 1.0
         for q in range(d):
-            w[q] -= lr * (grad[q] / per_step + lam * w[q] + gamma_inv * (w[q] - anchor[q]))
+            if gamma_inv > 0.0:
+                val[q] = w[q] - lr * (lam * w[q] + gamma_inv * (w[q] - anchor[q]))
+            else:
+                val[q] = w[q] * shrink
+        for c in range(n_clients):
+            for j in range(batch):
+                yr = y[rows[t, c, j]]
+                coef[j] = -yr * _sigmoid(-yr * margins[j, c]) / batch
+            touched = 0
+            for j in range(batch):
+                r = rows[t, c, j]
+                touched += indptr[r + 1] - indptr[r]
+            if 4 * touched >= d:
+                # Many rows: the client's whole model, as _client_block holds it, then scaled into the sum.
+                for q in range(d):
+                    tmp[q] = w[q] if scaled else val[q]
+                for j in range(batch):
+                    _add(tmp, indptr, indices, data, table, rows[t, c, j], -(lr * coef[j] / sc))
+                if c == 0:
+                    for q in range(d):
+                        acc[q] = tmp[q] * sc if scaled else tmp[q]
+                else:
+                    for q in range(d):
+                        acc[q] += tmp[q] * sc if scaled else tmp[q]
+                continue
+            # Few rows: the common value everywhere, the client's own values patched in where its rows touch.
+            for j in range(batch):
+                r = rows[t, c, j]
+                for p in range(indptr[r], indptr[r + 1]):
+                    q = indices[p]
+                    common[q] = val[q]
+                    tmp[q] = w[q] if scaled else val[q]
+            for j in range(batch):
+                _add(tmp, indptr, indices, data, table, rows[t, c, j], -(lr * coef[j] / sc))
+            for j in range(batch):
+                r = rows[t, c, j]
+                for p in range(indptr[r], indptr[r + 1]):
+                    q = indices[p]
+                    val[q] = tmp[q] * sc if scaled else tmp[q]
+            if c == 0:
+                acc[:] = val
+            else:
+                for q in range(d):
+                    acc[q] += val[q]
+            for j in range(batch):  # back to the common value for the next client
+                r = rows[t, c, j]
+                for p in range(indptr[r], indptr[r + 1]):
+                    q = indices[p]
+                    val[q] = common[q]
+        for q in range(d):
+            w[q] = acc[q] / n_clients
 
 
 # Calls with fewer samples than this (32 clients x k = 10 in the Non-IID sweeps, tests) run on the calling
@@ -212,7 +246,6 @@ class LogisticRegression:
         self.lam = 1.0 / self.num_samples if lam is None else float(lam)
         self.name = name
         self._fstar: float | None = None
-        self._counts: np.ndarray | None = None  # scratch of sync_steps, all zeros between calls
         self._rows = _compact_rows(self.X)
 
     def init_state(self, num_clients: int, seed: int = 0) -> State:
@@ -227,12 +260,11 @@ class LogisticRegression:
             _local_steps(*args, min(numba.get_num_threads(), W.shape[0]))
 
     def sync_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> None:
-        """``local_steps`` followed by an average after every step, for clients that start equal (k = 1)."""
+        """``local_steps`` followed by the mean after every step, for clients that start equal (k = 1): the
+        numbers of rounds of one step each, bit for bit, without a trip through Python per round."""
         W = state["w"]
         w = W[0].copy()
-        if self._counts is None:
-            self._counts = np.zeros(self.num_samples, dtype=np.int64)
-        _sync_steps(w, *self._step_args(rows, lrs, prox), self._counts)
+        _sync_steps(w, *self._step_args(rows, lrs, prox), *(np.empty(self.dim) for _ in range(4)))
         W[:] = w
 
     def _step_args(self, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> tuple:

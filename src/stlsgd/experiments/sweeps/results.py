@@ -1,0 +1,182 @@
+"""A sweep's results: ``results.jsonl`` (one record per finished run), the choice of each row's best setting
+and ``best.json``."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, with_seed
+from stlsgd.files import append_jsonl, read_jsonl, write_json_atomic
+
+RESULTS = "results.jsonl"
+BEST = "best.json"
+STATUSES = ("reached", "pruned", "budget", "diverged", "failed")
+
+# What a record copies from the run's summary; a config already run under another label reuses them.
+RESULT_FIELDS = ("status", "rounds_to_target", "iterations_to_target", "rounds", "iterations", "client_steps",
+                 "bytes_per_client", "final_gap", "final_objective", "final_accuracy", "num_samples", "wall_s",
+                 "run_dir", "error")
+
+
+def read_results(out: Path) -> list[dict[str, Any]]:
+    """Every record of ``OUT/results.jsonl``; a line torn by a crash is skipped (its run is simply redone)."""
+    return read_jsonl(out / RESULTS)
+
+
+def append_result(out: Path, record: dict[str, Any]) -> None:
+    append_jsonl(out / RESULTS, record)
+
+
+def make_record(spec: RunSpec, summary: dict[str, Any] | None, error: str | None) -> dict[str, Any]:
+    """The results.jsonl line of one run (``summary`` None: the run failed with ``error``).
+
+    ``client_steps`` and ``bytes_per_client`` are counted at the run's last evaluation: the target when it
+    was reached.
+    """
+    s = summary or {}
+    final = s.get("final") or {}
+    return {
+        "key": spec.key,
+        "label": spec.label,
+        "method": spec.method,
+        "phase": spec.phase,
+        "order": spec.order,
+        "seed": spec.seed,
+        "settings": spec.settings,
+        "status": s.get("status", "failed"),
+        "rounds_to_target": s.get("rounds_to_target"),
+        "iterations_to_target": s.get("iterations_to_target"),
+        "rounds": s.get("rounds"),
+        "iterations": s.get("iterations"),
+        "client_steps": final.get("client_steps"),
+        "bytes_per_client": final.get("bytes_per_client"),
+        "eval_every": spec.config["run"]["eval_every"],
+        "eval_every_iterations": spec.config["run"]["eval_every_iterations"],
+        "final_gap": final.get("gap"),
+        "final_objective": final.get("objective"),
+        "final_accuracy": final.get("accuracy"),
+        "num_samples": s.get("num_samples"),
+        "wall_s": s.get("wall_s"),
+        "run_dir": f"runs/{spec.key}",
+        "error": error,
+    }
+
+
+def current_records(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of runs that this version of the sweep file asks for.
+
+    ``results.jsonl`` also keeps the runs of earlier versions of the file (a grid value, budget or fixed
+    field since edited): they stay on disk, but a setting's old config must neither be chosen, nor counted,
+    nor bound the pruning of its new one.
+    """
+    grid = {(s.label, s.key) for s in sweep.grid}
+    by_setting = {(s.label, json.dumps(s.settings, sort_keys=True)): s for s in sweep.grid}
+    kept = []
+    for r in records:
+        if r["phase"] == "grid":
+            current = (r["label"], r["key"]) in grid
+        else:
+            spec = by_setting.get((r["label"], json.dumps(r["settings"], sort_keys=True)))
+            current = spec is not None and r["key"] == with_seed(spec, r["seed"], 0).key
+        if current:
+            kept.append(r)
+    return kept
+
+
+def best_of(records: list[dict[str, Any]], label: str) -> dict[str, Any] | None:
+    """The label's grid run with the fewest rounds to target (ties: fewer iterations, then grid order)."""
+    reached = [r for r in records if r["label"] == label and r["phase"] == "grid" and r["status"] == "reached"]
+    if not reached:
+        return None
+    return min(reached, key=lambda r: (r["rounds_to_target"], r["iterations_to_target"], r["order"]))
+
+
+def describe(record: dict[str, Any]) -> str:
+    """One line per finished run, as the sweep prints it."""
+    where = " ".join(f"{k}={v}" for k, v in record["settings"].items())
+    seed = f" seed={record['seed']}" if record["phase"] == "seed" else ""
+    if record["status"] == "reached":
+        what = f"reached in {record['rounds_to_target']} rounds"
+    elif record["status"] == "failed":
+        what = f"failed: {(record['error'] or '').strip().splitlines()[-1] if record['error'] else ''}"
+    else:
+        what = f"{record['status']} after {record['rounds']} rounds"
+    wall = f" ({record['wall_s']:.1f} s)" if record.get("wall_s") is not None else ""
+    return f"{record['label']} {where}{seed}: {what}{wall}"
+
+
+def _closest(tried: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run nearest the target (lowest final gap, else loss), kept for the figures of an unreached row."""
+    def score(r: dict[str, Any]) -> float | None:
+        return r["final_gap"] if r["final_gap"] is not None else r["final_objective"]
+
+    closest = min((r for r in tried if score(r) is not None), key=score, default=None)
+    if closest is None:
+        return None
+    return {k: closest[k] for k in ("settings", "status", "rounds", "final_gap", "final_objective", "run_dir")}
+
+
+def summarize_best(sweep: Sweep, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """best.json: per label the chosen setting and the rounds to target of each seed (median and range)."""
+    methods: dict[str, Any] = {}
+    n = next((r["num_samples"] for r in records if r.get("num_samples")), None)
+    for label in sweep.labels:
+        best = best_of(records, label)
+        tried = [r for r in records if r["label"] == label and r["phase"] == "grid"]
+        counts: dict[str, int] = {s: sum(r["status"] == s for r in tried) for s in STATUSES}
+        counts["planned"] = sum(s.label == label for s in sweep.grid)
+        if best is None:
+            methods[label] = {"method": next((r["method"] for r in tried), None), "settings": None, "tried": counts,
+                              "closest": _closest(tried)}
+            continue
+        runs: dict[str, Any] = {}
+        for seed in sweep.seeds:
+            rec = best if seed == best["seed"] else next(
+                (r for r in records if r["label"] == label and r["phase"] == "seed" and r["seed"] == seed
+                 and r["settings"] == best["settings"]), None)
+            if rec is not None:
+                runs[str(seed)] = {k: rec.get(k) for k in ("status", "rounds_to_target", "iterations_to_target",
+                                                           "client_steps", "bytes_per_client", "run_dir")}
+        reached = [v["rounds_to_target"] for v in runs.values() if v["status"] == "reached"]
+        methods[label] = {
+            "method": best["method"],
+            "settings": best["settings"],
+            "key": best["key"],
+            "run_dir": best["run_dir"],
+            "eval_every": best["eval_every"],
+            "eval_every_iterations": best["eval_every_iterations"],
+            "seeds": runs,
+            "seeds_reached": len(reached),
+            "median": statistics.median(reached) if reached else None,
+            "min": min(reached) if reached else None,
+            "max": max(reached) if reached else None,
+            "tried": counts,
+        }
+    run_cfg = sweep.grid[0].config["run"]
+    data_cfg = sweep.grid[0].config["data"]
+    return {
+        "sweep": sweep.name,
+        "config": str(sweep.source),
+        "dataset": data_cfg["dataset"],
+        "partition": data_cfg["partition"],
+        "num_clients": data_cfg["num_clients"],
+        "num_samples": n,
+        "target_gap": run_cfg["target_gap"],
+        "target_accuracy": run_cfg["target_accuracy"],
+        "seeds": sweep.seeds,
+        "labels": sweep.labels,
+        "methods": methods,
+    }
+
+
+def write_best(out: Path, sweep: Sweep, records: list[dict[str, Any]], *, complete: bool,
+               wall_s: float | None = None) -> dict[str, Any]:
+    """Write OUT/best.json atomically; ``complete`` is False while grid or seed runs are still to come."""
+    best = {**summarize_best(sweep, records), "complete": complete}
+    if wall_s is not None:
+        best["wall_s"] = round(wall_s, 1)
+    write_json_atomic(out / BEST, best)
+    return best

@@ -1,0 +1,179 @@
+"""The main side of a sweep: runs in a process pool, de-duplication of identical configs, pruning bounds,
+the results file, the choice of each row's best setting and its seed reruns.
+
+``stlsgd sweep`` runs every setting in worker processes that each load the data once, appends each run's
+record to ``OUT/results.jsonl`` as soon as it ends (fsync'd: a crash loses nothing, and a rerun skips every
+run already there, keyed by a hash of the resolved config), keeps each run's files under ``OUT/runs/<key>/``,
+picks per label the setting with the fewest rounds to target, reruns it with the extra seeds and writes
+``OUT/best.json``. One sweep at a time writes into an ``OUT`` (a lock names the holder's pid).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+from stlsgd.errors import StlsgdError
+from stlsgd.experiments.sweeps.results import (
+    BEST,
+    RESULT_FIELDS,
+    RESULTS,
+    append_result,
+    best_of,
+    current_records,
+    describe,
+    make_record,
+    read_results,
+    write_best,
+)
+from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, load_sweep, with_seed
+from stlsgd.experiments.sweeps.worker import NO_BOUND, execute, init_worker
+from stlsgd.files import LockedError, lock_directory
+
+
+class Scheduler:
+    """Runs specs in a process pool, de-duplicating identical configs and keeping the pruning bounds."""
+
+    def __init__(self, sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool) -> None:
+        self.sweep, self.out, self.quiet = sweep, out, quiet
+        self.records = read_results(out)  # every run on disk: a finished config is not redone
+        self.current = current_records(sweep, self.records)  # what this sweep file chooses from and counts
+        ctx = mp.get_context("spawn")  # numba and torch are not fork-safe; workers start clean
+        self.bound = ctx.RawArray("q", len(sweep.labels))
+        for i, label in enumerate(sweep.labels):
+            best = best_of(self.current, label) if sweep.prune else None
+            self.bound[i] = best["rounds_to_target"] if best else NO_BOUND
+        self._pool_args = {"max_workers": jobs, "mp_context": ctx, "initializer": init_worker,
+                           "initargs": (self.bound, data_dir, jobs)}
+        self.pool = ProcessPoolExecutor(**self._pool_args)
+        self.done_count = 0
+        self.lost: dict[str, int] = {}  # key -> times its worker process died under it
+
+    def _done(self, spec: RunSpec) -> bool:
+        return any(r["key"] == spec.key and r["label"] == spec.label and r["status"] != "failed"
+                   for r in self.records)
+
+    def _keep(self, record: dict[str, Any]) -> None:
+        append_result(self.out, record)
+        self.records.append(record)
+        self.current.append(record)
+        if record["phase"] == "grid" and record["status"] == "reached" and self.sweep.prune:
+            i = self.sweep.labels.index(record["label"])
+            self.bound[i] = min(self.bound[i], record["rounds_to_target"])
+        self.done_count += 1
+        # best.json follows every result, so an interrupted sweep can still be reported (marked incomplete).
+        write_best(self.out, self.sweep, self.current, complete=False)
+        if not self.quiet:
+            print(f"[{self.done_count}] {describe(record)}", flush=True)
+
+    def run(self, specs: list[RunSpec]) -> None:
+        groups: dict[str, list[RunSpec]] = {}
+        for spec in specs:
+            if self._done(spec):
+                continue
+            prior = next((r for r in self.records if r["key"] == spec.key and r["status"] not in ("failed", "pruned")),
+                         None)
+            if prior is not None:  # the same config already ran under another label: reuse its result
+                self._keep({**make_record(spec, None, None), **{k: prior.get(k) for k in RESULT_FIELDS}})
+                continue
+            groups.setdefault(spec.key, []).append(spec)
+        pending: dict[Future, tuple[list[RunSpec], ProcessPoolExecutor]] = {}
+        for group in groups.values():
+            pending[self._submit(group)] = (group, self.pool)
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                group, pool = pending.pop(fut)
+                try:
+                    summary, error = fut.result(), None
+                except BrokenProcessPool:
+                    # A worker process died (killed, out of memory): every run of its pool fails with it, so
+                    # each is run again on a fresh pool -- and recorded as failed if that happens twice.
+                    key = group[0].key
+                    self.lost[key] = self.lost.get(key, 0) + 1
+                    if self.lost[key] < 2:
+                        if pool is self.pool:
+                            self.pool.shutdown(wait=False, cancel_futures=True)
+                            self.pool = ProcessPoolExecutor(**self._pool_args)
+                        pending[self._submit(group)] = (group, self.pool)
+                        continue
+                    summary, error = None, "its worker process died twice (killed, or out of memory?)"
+                except StlsgdError as exc:  # a run's own input error: one line, recorded
+                    summary, error = None, str(exc)
+                except Exception as exc:  # a worker error is recorded; the sweep goes on
+                    summary, error = None, "".join(traceback.format_exception(exc))[-2000:]
+                for spec in group:
+                    self._keep(make_record(spec, summary, error))
+
+    def _submit(self, group: list[RunSpec]) -> Future:
+        # Seed reruns are the reported figures: never cut short. A config shared by several labels is
+        # hopeless only once it is hopeless for all of them.
+        slots = [] if group[0].phase == "seed" or not self.sweep.prune else sorted(
+            {self.sweep.labels.index(s.label) for s in group})
+        task = {"config": group[0].config, "out": str(self.out / "runs" / group[0].key), "slots": slots}
+        return self.pool.submit(execute, task)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def run_sweep(config: str | Path, out: Path | None = None, *, jobs: int | None = None, data_dir: str | None = None,
+              quiet: bool = False, only: list[str] | None = None, limit: int | None = None) -> dict[str, Any]:
+    """Run (or continue) a sweep; returns the content written to ``OUT/best.json``."""
+    if jobs is not None and jobs < 1:
+        raise StlsgdError(f"--jobs: must be >= 1, got {jobs}")
+    if limit is not None and limit < 1:
+        raise StlsgdError(f"--limit: must be >= 1, got {limit}")
+    sweep = load_sweep(config, only=only, limit=limit)
+    out = Path(out) if out is not None else Path("runs") / "sweeps" / sweep.name
+    if out.exists() and not out.is_dir():
+        raise StlsgdError(f"{out}: exists and is not a directory; choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = lock_directory(out)
+    except LockedError as err:
+        raise StlsgdError(f"{out}: another stlsgd sweep (pid {err.holder}) is writing here; wait for it to end "
+                          "or choose another --out") from None
+    except OSError as err:
+        raise StlsgdError(f"{out}: cannot write the sweep here ({err.strerror or err}); choose another --out") from None
+    try:
+        return _run(sweep, out, max(1, jobs or os.cpu_count() or 1), data_dir, quiet)
+    finally:
+        os.close(lock)
+
+
+def _run(sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool) -> dict[str, Any]:
+    started = time.perf_counter()
+    scheduler = Scheduler(sweep, out, jobs, data_dir, quiet)
+    try:
+        scheduler.run(sweep.grid)
+        reruns: list[RunSpec] = []
+        order = len(sweep.grid)
+        for label in sweep.labels:
+            best = best_of(scheduler.current, label)
+            if best is None:
+                continue
+            spec = next(s for s in sweep.grid if s.key == best["key"] and s.label == label)
+            for seed in sweep.seeds:
+                if seed != spec.seed:
+                    reruns.append(with_seed(spec, seed, order))
+                    order += 1
+        scheduler.run(reruns)
+    finally:
+        scheduler.close()
+    best = write_best(out, sweep, scheduler.current, complete=True, wall_s=time.perf_counter() - started)
+    if not quiet:
+        for label, info in best["methods"].items():
+            if info.get("median") is None:
+                print(f"{label}: did not reach the target ({info['tried']})")
+            else:
+                print(f"{label}: median {info['median']} rounds (range {info['min']}-{info['max']}, "
+                      f"{info['seeds_reached']}/{len(sweep.seeds)} seeds) with {info['settings']}")
+        print(f"sweep {sweep.name}: {best['wall_s']:.1f} s; results in {out}/ ({RESULTS}, {BEST}, runs/)")
+    return best
