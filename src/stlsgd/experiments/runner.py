@@ -170,12 +170,15 @@ def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar
     previous = distributed.exit_on_sigterm(lambda: _fault(
         job, state, "stopped by the launcher (SIGTERM)", start.checkpoint_every, out)) if isinstance(job, _Ranks) else None
     try:
-        # Overflow on the way to divergence is expected and reported as status "diverged", not as warnings.
-        with np.errstate(over="ignore", invalid="ignore"):
-            state = run(b.plan, b.problem, Sampler(b.partition, exp.run.seed), stop_rule(exp, fstar is not None),
-                        state, fstar=fstar, on_metrics=rundir.metrics.write if rundir else None,
-                        on_round=after_round, progress=progress and job.is_root, topology=topology,
-                        align=start.checkpoint_every)
+        # A checkpoint that says the run has ended (a kill came between the final checkpoint and the summary)
+        # only completes the files: the run takes no further step.
+        if state.status == "running":
+            # Overflow on the way to divergence is expected and reported as status "diverged", not as warnings.
+            with np.errstate(over="ignore", invalid="ignore"):
+                state = run(b.plan, b.problem, Sampler(b.partition, exp.run.seed), stop_rule(exp, fstar is not None),
+                            state, fstar=fstar, on_metrics=rundir.metrics.write if rundir else None,
+                            on_round=after_round, progress=progress and job.is_root, topology=topology,
+                            align=start.checkpoint_every)
     except Exception as exc:
         if isinstance(job, _Ranks) and distributed.is_comm_failure(exc):
             cause = " ".join(str(exc).split())[:200] or type(exc).__name__

@@ -1,0 +1,100 @@
+"""The one run lifecycle under real launches: simulator and torchrun bit for bit after every round, on any
+number of ranks, and a run killed between its final checkpoint and its summary resumed without a step more."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dist_helpers import REPO, TORCHRUN, free_port, launch_env
+
+from stlsgd.experiments.config import load_config
+from stlsgd.experiments.runner import run_experiment
+
+WORKER = REPO / "tests" / "distributed" / "lifecycle_worker.py"
+A9A = REPO / "configs" / "examples" / "a9a_stl_sc.toml"
+# eta_1 = 32 (ten times the example's), k_1 = 100: T_1 = ceil(n / eta_1) = 1018, so stages of 11 rounds,
+# four stages in 15,000 iterations; with so large an lr a different summation order shows in the first round.
+A9A_SET = ["algorithm.lr=32", "algorithm.k=100", "run.target_gap=none", "run.max_iterations=15000"]
+
+
+def _torchrun(ranks: int, *args: object, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [TORCHRUN, f"--nproc_per_node={ranks}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+           *map(str, args)]
+    result = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
+    if check:
+        assert result.returncode == 0, f"{cmd}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+def test_simulator_and_1_2_4_ranks_average_to_the_same_bits_after_every_round(tmp_path: Path, shared_data: Path) -> None:
+    sets = [*A9A_SET, f"data.data_dir={shared_data}"]
+    exp = load_config(A9A, sets)
+    sim_rounds: list[np.ndarray] = []
+    run_experiment(exp, tmp_path / "sim", progress=False, on_round=lambda st, rnd: sim_rounds.append(st.clients["w"].copy()))
+    assert len(sim_rounds) == 43  # 11 + 11 + 11 rounds of stages 1-3, 10 of stage 4 to pass 15,000
+    for ranks in (1, 2, 4):
+        out = tmp_path / f"dist{ranks}"
+        out.mkdir()
+        _torchrun(ranks, WORKER, "trace", out, A9A, *sets)
+        for rank in range(ranks):
+            with np.load(out / f"trace_rank{rank}.npz") as trace:
+                rows = [trace[f"arr_{i}"] for i in range(len(trace.files))]
+            assert len(rows) == len(sim_rounds)
+            share = 32 // ranks
+            for r, (got, want) in enumerate(zip(rows, sim_rounds)):
+                assert np.array_equal(got, want[rank * share:(rank + 1) * share]), (ranks, rank, r)
+        with np.load(out / "run" / "final_params.npz") as d, np.load(tmp_path / "sim" / "final_params.npz") as s:
+            assert d.files == s.files and all(np.array_equal(d[k], s[k]) for k in d.files)
+    # The order matters at this lr: per-rank partial sums, then their sum, give other numbers after round 1.
+    w = sim_rounds[0][0]
+    assert np.abs(w).max() > 0.1
+
+
+def _strip_wall(path: Path) -> list[dict]:
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for line in lines:
+        line.pop("wall_s")
+    return lines
+
+
+@pytest.mark.parametrize("backend", ["sim", "dist"])
+def test_a_run_killed_between_its_final_checkpoint_and_its_summary_resumes_without_another_step(
+        tmp_path: Path, backend: str) -> None:
+    config = tmp_path / "c.toml"
+    # The target is reached in round 95, mid-stage: a step after the resume would move every number.
+    config.write_text('name = "k"\n[data]\ndataset = "digits49"\nnum_clients = 4\n[algorithm]\nmethod = "stl_sc"\n'
+                      'lr = 0.8\nk = 4\n[run]\ntarget_gap = 1e-3\nmax_rounds = 400\n')
+    whole = run_experiment(load_config(config), tmp_path / "whole", progress=False, checkpoint_every=5)
+    assert (whole["status"], whole["rounds_to_target"]) == ("reached", 95)
+    out = tmp_path / "killed"
+    if backend == "dist":
+        result = _torchrun(2, WORKER, "kill-before-summary", out, config, check=False)
+        assert result.returncode != 0
+    else:
+        code = subprocess.run(
+            [str(Path(TORCHRUN).with_name("python")), "-c",
+             "import os, signal, sys; from stlsgd.experiments import rundir; "
+             "rundir.write_final_params = lambda *a: os.kill(os.getpid(), signal.SIGKILL); "
+             "from stlsgd.cli import main; sys.exit(main(sys.argv[1:]))",
+             "run", str(config), "--out", str(out), "--checkpoint-every", "5", "--quiet"],
+            cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=120).returncode
+        assert code == -9
+    assert (out / "checkpoint").is_file() and not (out / "summary.json").exists()
+    metrics_before = (out / "metrics.jsonl").read_bytes()
+
+    if backend == "dist":
+        _torchrun(2, "-m", "stlsgd", "run", config, "--out", out, "--resume", "--quiet", "--backend", "dist")
+    else:
+        run_experiment(load_config(config), out, progress=False, resume=True)
+    assert (out / "metrics.jsonl").read_bytes() == metrics_before  # not a line more
+    summary, expected = (json.loads((d / "summary.json").read_text()) for d in (out, tmp_path / "whole"))
+    for s in (summary, expected):
+        s.pop("backend"), s.pop("wall_s"), s["final"].pop("wall_s")
+    assert summary == expected
+    assert _strip_wall(out / "metrics.jsonl") == _strip_wall(tmp_path / "whole" / "metrics.jsonl")
+    with np.load(out / "final_params.npz") as a, np.load(tmp_path / "whole" / "final_params.npz") as b:
+        assert np.array_equal(a["w"], b["w"])
