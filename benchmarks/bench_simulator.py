@@ -1,4 +1,4 @@
-"""Simulator throughput on a9a: 32 clients, batch 1, Local SGD k = 100 (issue 2, section 7).
+"""Simulator throughput on a9a: 32 clients, batch 1, Local SGD k = 100.
 
 Measures, in one process, global iterations per second (one iteration = one local step of every client) of
 

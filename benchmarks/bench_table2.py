@@ -68,7 +68,7 @@ def time_sweeps(configs: list[Path], out: Path, *, jobs: int, data_dir: str | No
     return total
 
 
-LOCAL_METHODS = ("local_sgd", "stl_sc")
+LOCAL_METHODS = ("local_sgd", "stl_sc", "stl_nc")  # the methods with local steps between averages
 
 
 def local_client_steps(config: Path, sweep_dir: Path) -> tuple[int, int]:
@@ -100,25 +100,27 @@ def local_client_steps(config: Path, sweep_dir: Path) -> tuple[int, int]:
     return simulated, needed
 
 
-def local_step_seconds(config: Path, data_dir: str | None, jobs: int, steps: int = 400, repeats: int = 30) -> float:
-    """Seconds per client-step of the compiled local steps on ``config``'s problem and partition, with a sweep
-    worker's share of the cores (best of ``repeats`` calls of ``steps`` steps of every client, batch 1, fresh
-    rows each call)."""
+def local_step_seconds(config: Path, data_dir: str | None, jobs: int) -> float:
+    """Seconds per client-step (one sample of one client) of the local steps on ``config``'s problem and
+    partition at its rows' batch, with a sweep worker's share of the cores (best of several calls, fresh rows
+    each call: 30 calls of 400 steps for the compiled logistic kernels, 5 of 10 for a network)."""
     share_cores(jobs)
     spec = next(s for s in load_sweep(config).grid if s.method in LOCAL_METHODS)
-    built = build(validate(spec.config, str(config)), data_dir)
-    n = built.partition.num_clients
+    exp = validate(spec.config, str(config))
+    built = build(exp, data_dir)
+    steps, repeats = (10, 5) if exp.problem.kind == "net" else (400, 30)
+    n, batch = built.partition.num_clients, exp.algorithm.batch
     sampler = Sampler(built.partition, seed=0)
     state = built.problem.init_state(n)
     lrs = np.full(steps, 1e-3)
-    built.problem.local_steps(state, sampler.draw(steps, 1), lrs, None)  # compile / warm up
+    built.problem.local_steps(state, sampler.draw(steps, batch), lrs, None)  # compile / warm up
     best = float("inf")
     for _ in range(repeats):
-        rows = sampler.draw(steps, 1)
+        rows = sampler.draw(steps, batch)
         started = time.perf_counter()
         built.problem.local_steps(state, rows, lrs, None)
         best = min(best, time.perf_counter() - started)
-    return best / (steps * n)
+    return best / (steps * n * batch)
 
 
 def main() -> None:

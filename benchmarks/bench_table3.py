@@ -2,9 +2,10 @@
 
     .venv/bin/python benchmarks/bench_table3.py --data-dir /work/shared/data [--jobs 2] [--out DIR]
 
-Prints, per sweep, the wall time, the runs by status and the summed run time, then the total against the
-30-minute target of issue 6 (ratio < 1 meets it) and the load average. A finished sweep is skipped on a rerun
-into the same --out, so time a fresh --out.
+Prints, per sweep, the wall time, the runs by status and the summed run time, then the total against a
+30-minute target (ratio < 1 meets it) and the load average, then the floor of bench_table2 (the Local SGD and
+STL-SGD^nc client-steps needed with every row's best run first, times the measured cost of a step). A finished
+sweep is skipped on a rerun into the same --out, so time a fresh --out.
 """
 
 from __future__ import annotations

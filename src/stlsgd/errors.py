@@ -17,3 +17,14 @@ class ConfigError(StlsgdError):
 
 class DataError(StlsgdError):
     """An unreadable, corrupt or missing data file; the message names the file (and line where known)."""
+
+
+def brief(exc: BaseException, limit: int = 240) -> str:
+    """An exception's message for a one-line error: its first line, shortened at a sentence or word end."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0].strip()
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(". ", 0, limit)
+    if cut > limit // 3:
+        return text[: cut + 1]
+    return text[: text.rfind(" ", 0, limit)].rstrip(",;:") + " ..."

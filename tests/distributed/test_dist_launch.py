@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -216,3 +217,37 @@ def test_dropin_example_trains_under_torchrun(tmp_path: Path, shared_data: Path)
     accuracy = float(last.split("held-out accuracy ")[1].split(",")[0])
     assert accuracy > 0.5, last  # 10 classes: chance is 0.1
 
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return [int(p) for p in fh.read().split()]
+
+
+def test_under_torchrun_the_survivors_of_a_killed_rank_exit_with_status_2_and_one_line(tmp_path: Path) -> None:
+    config = _write_config(tmp_path, "long")
+    out = tmp_path / "dist"
+    agent = subprocess.Popen(
+        [TORCHRUN, "--nproc_per_node=3", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+         "--monitor-interval=0.1", "-m", "stlsgd", "run", str(config), "--backend", "dist", "--quiet", "--out",
+         str(out), "--checkpoint-every", "50"],
+        cwd=REPO, env=launch_env(STLSGD_DIST_TIMEOUT="20"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoint").is_file():
+            assert time.monotonic() < deadline and agent.poll() is None, "no checkpoint appeared"
+            time.sleep(0.05)
+        workers = _children(agent.pid)
+        assert len(workers) == 3
+        os.kill(workers[2], signal.SIGKILL)
+        _, err = agent.communicate(timeout=90)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert agent.returncode != 0
+    # Each survivor printed its one line and exited 2 by itself, before the agent's SIGTERM could end it
+    # (which would show as exitcode -15, or an abort from the collective library's threads).
+    for rank in (0, 1):
+        assert f"stlsgd: error: rank {rank} of 3: lost the process group after round" in err, err[-3000:]
+    assert "terminate called" not in err and "exitcode  : -15" not in err and "exitcode  : -6" not in err, err[-3000:]
+    assert "exitcode  : 2" in err, err[-3000:]

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from stlsgd.files import atomic_write
-from stlsgd.errors import StlsgdError
+from stlsgd.errors import StlsgdError, brief
 from stlsgd.executors.simulator import RunState
 
 FORMAT = "stlsgd-checkpoint"
@@ -105,9 +105,8 @@ def load_checkpoint(path: Path) -> tuple[RunState, dict[str, Any]]:
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no checkpoint") from None
     except Exception as err:  # torch/pickle raise a zoo of types for a damaged file; all mean "unreadable"
-        first = " ".join(str(err).split())[:300]
         raise CheckpointError(
-            f"{path}: unreadable checkpoint ({type(err).__name__}: {first}); delete it to start the run afresh"
+            f"{path}: unreadable checkpoint ({type(err).__name__}: {brief(err)}); delete it to start the run afresh"
         ) from None
     try:
         if not isinstance(payload, dict) or "sha256" not in payload:
@@ -138,8 +137,7 @@ def load_checkpoint(path: Path) -> tuple[RunState, dict[str, Any]]:
             raise TypeError("meta is not a table")
         state = RunState(**values)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
-        first = " ".join(str(err).split())[:300]
-        raise CheckpointError(f"{path}: not a valid stlsgd checkpoint ({type(err).__name__}: {first})") from None
+        raise CheckpointError(f"{path}: not a valid stlsgd checkpoint ({type(err).__name__}: {brief(err)})") from None
     return state, header["meta"]
 
 

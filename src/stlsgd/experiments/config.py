@@ -188,11 +188,27 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], source: str = "--
     return raw
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_raw(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (which some editors write) is not part of the text.
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
@@ -201,7 +217,7 @@ def read_raw(path: Path) -> dict[str, Any]:
         if path.suffix == ".toml":
             raw = tomllib.loads(text)
         elif path.suffix in (".yaml", ".yml", ".json"):
-            raw = yaml.safe_load(text)
+            raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
         else:
             raise ConfigError(f"{path}: unknown config format (use .toml, .yaml or .yml)")
     except tomllib.TOMLDecodeError as exc:

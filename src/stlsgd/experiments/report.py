@@ -199,7 +199,12 @@ def write_report(dirs: list[Path], out: Path, prefix: str = "table") -> list[Pat
     for sweep in sweeps:
         if not read_results(sweep["_dir"]):
             raise StlsgdError(f"{sweep['_dir'] / 'results.jsonl'}: no results")
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise StlsgdError(f"{out}: exists and is not a directory; choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise StlsgdError(f"{out}: cannot create the output directory ({err.strerror or err})") from None
     md, csv_path = out / f"{prefix}.md", out / f"{prefix}.csv"
     md.write_text(markdown(sweeps))
     write_csv(sweeps, csv_path)

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from stlsgd.errors import ConfigError
+from stlsgd.errors import ConfigError, brief
 from stlsgd.executors import distributed
 from stlsgd.executors.averaging import replicate
 from stlsgd.executors.sampling import Sampler
@@ -181,9 +181,8 @@ def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar
                             align=start.checkpoint_every)
     except Exception as exc:
         if isinstance(job, _Ranks) and distributed.is_comm_failure(exc):
-            cause = " ".join(str(exc).split())[:200] or type(exc).__name__
             raise distributed.CollectiveFailure(_fault(job, state, "lost the process group", start.checkpoint_every,
-                                                       out, cause)) from exc
+                                                       out, brief(exc))) from exc
         raise
     finally:
         if previous is not None:
