@@ -1,8 +1,9 @@
-"""A plain PyTorch loop training a small CNN on MNIST, turned into STL-SGD^nc by three added lines (# STL).
+"""A plain PyTorch loop training a small CNN on MNIST, turned into local SGD by two added lines (# STL).
 
-Each process is one client (Algorithm 3 of the paper): it takes local SGD steps on its own mini-batches;
-at the end of each round of the plan, every process's parameters and BatchNorm statistics become their
-average over all processes, with a communication period that doubles from stage to stage.
+Each process is one client (Algorithm 1 of the paper): it takes local SGD steps on its own mini-batches; at the
+end of each round every process's parameters, BatchNorm statistics and momentum become their average over all
+processes. The period follows the learning rate the loop's own StepLR sets (LR-coupled STL: k = k1 eta_1 / eta,
+the paper's eta k = constant), so it doubles each time the scheduler halves the lr.
 
     torchrun --nproc_per_node=2 examples/train_cnn.py --data-dir /work/shared/data
     python examples/train_cnn.py              # one process, synthetic data if MNIST is not found
@@ -21,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stlsgd.algorithms import STLSGD
-from stlsgd.dropin import PlanAverager  # STL (1 of 3)
+from stlsgd.algorithms import LRCoupled
+from stlsgd.dropin import PlanAverager  # STL (1 of 2)
 
 
 class SmallCNN(nn.Module):
@@ -58,9 +59,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=None, help="folder holding mnist/ (default: synthetic data)")
     parser.add_argument("--train-size", type=int, default=12000)
-    parser.add_argument("--steps", type=int, default=300, help="local steps (300 = the end of stage 2 with T1=100)")
-    parser.add_argument("--T1", type=int, default=100, help="first stage length in steps")
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps")
+    parser.add_argument("--decay-every", type=int, default=100, help="StepLR's step size (the lr halves)")
+    parser.add_argument("--k1", type=float, default=2, help="the period at the first lr")
+    parser.add_argument("--lr", type=float, default=0.05)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -69,30 +71,33 @@ def main() -> None:
     X_train, y_train, X_eval, y_eval = X[n_eval:], y[n_eval:], X[:n_eval], y[:n_eval]
     torch.manual_seed(0)
     model = SmallCNN()
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    plan = STLSGD(lr=args.lr, T1=args.T1, k1=2, gamma=10.0, batch=32, name="stl_nc")
-    stl = PlanAverager(model, optimizer, plan)  # STL (2 of 3): also joins the torchrun job
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, args.decay_every, 0.5)
+    # STL (2 of 2): joins the torchrun job and hooks optimizer.step(); one line per 10 rounds on stderr.
+    stl = PlanAverager(model, optimizer, LRCoupled(k1=args.k1), log_every=10)
     rng = np.random.default_rng(1000 + stl.rank)  # every process (client) draws its own mini-batches
 
     started = time.perf_counter()
     model.train()
     for step in range(args.steps):
-        idx = torch.from_numpy(rng.integers(0, len(y_train), size=stl.batch_size))
+        idx = torch.from_numpy(rng.integers(0, len(y_train), size=32))
         loss = F.cross_entropy(model(X_train[idx]), y_train[idx])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        stl.step()  # STL (3 of 3): lr of the next step, average at the end of the round
+        scheduler.step()
         if stl.rank == 0 and (step + 1) % 50 == 0:
-            print(f"step {step + 1:4d}  stage {stl.stage}  period {stl.period}  lr {stl.lr:.4f}  "
-                  f"loss {loss.item():.4f}", flush=True)
+            print(f"step {step + 1:4d}  period {stl.period}  lr {stl.lr:.4f}  loss {loss.item():.4f}", flush=True)
 
+    if not stl.at_boundary:  # end in the middle of a round: one last average, so all processes hold one model
+        stl.average()
     in_sync = stl.models_in_sync()  # every process must call it (a collective)
     model.eval()
     with torch.no_grad():
         accuracy = (model(X_eval).argmax(1) == y_eval).float().mean().item()
     if stl.rank == 0:
         print(f"{source}: {stl.world_size} processes, {args.steps} steps in {time.perf_counter() - started:.1f} s, "
+              f"{stl.stats.averages} averages ({100 * stl.stats.saved:.0f}% of per-step DDP's traffic saved), "
               f"held-out accuracy {accuracy:.3f}, models identical on all processes: {in_sync}")
 
 

@@ -1,138 +1,261 @@
-"""STL-SGD (or any plan) in an existing PyTorch training loop: three added lines.
+"""Local SGD with any stlsgd plan in your own PyTorch training loop: two added lines.
 
 ::
 
-    from stlsgd.dropin import PlanAverager                                   # 1
-    stl = PlanAverager(model, optimizer, STLSGD(lr=0.05, T1=100, k1=2, gamma=1.0, name="stl_nc"))  # 2
-    for step in range(steps):
-        x, y = sample(stl.batch_size)           # the plan's per-client mini-batch size
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad(); loss.backward()
-        optimizer.step()
-        stl.step()                                                          # 3
+    from stlsgd.dropin import PlanAverager                                # 1
+    from stlsgd.algorithms import LRCoupled
+    averager = PlanAverager(model, optimizer, LRCoupled(k1=4))            # 2: hooks optimizer.step()
+    for x, y in loader:                                                   # your loop, unchanged: your
+        loss = F.cross_entropy(model(x), y)                               # optimizer, LR scheduler, AMP,
+        optimizer.zero_grad(); loss.backward(); optimizer.step()          # accumulation and checkpoints
+        scheduler.step()
 
-Each process is one client of Algorithm 1: it takes local steps with its own data, and at the end of each
-round of the plan (``Round.period`` steps, growing stage by stage in Algorithms 2 and 3) every process's
-model becomes the average over the process group. What is averaged is every floating parameter AND buffer
-(BatchNorm running statistics, which ``torch.distributed``'s ``PeriodicModelAverager`` leaves out), in ONE
-all-reduce of one flat buffer: the model's tensors are re-pointed at slices of that buffer once, so an
-average costs no copy at all. The plan sets the learning rate of every step (``Round.learning_rates``),
-and STL-SGD^nc's proximal term 1/(2 gamma) ||x - x_s||^2 (Algorithm 3; x_s the averaged model at the start
-of the stage) is added to the gradients by a hook that runs before each ``optimizer.step()``.
+Each process is one client of Algorithm 1: it takes local steps on its own data, and at the end of each round
+of the plan every process's model becomes the average over the process group. The averager counts the
+optimizer's steps through a post-step hook (a step that AMP's GradScaler skips is not counted; with gradient
+accumulation one optimizer step is one step), and at the end of a round averages every floating parameter AND
+buffer (BatchNorm statistics) in one all-reduce of one flat buffer (the model's tensors are re-pointed at
+slices of it once, so an average copies nothing).
 
-:meth:`PlanAverager.state_dict` holds the position in the plan (round, step within the round) and the anchor
-x_s; with the model's and the optimizer's own state dicts it resumes the loop exactly.
+What it leaves to you, and what it does:
+
+- **The learning rate is yours.** The plan decides *when* to average; it never writes ``param_group["lr"]``
+  unless ``plan_lr=True`` (the paper's Algorithms 2 and 3, where the plan owns eta: logged once when on).
+  Plans that adapt the period to the learning rate (:class:`~stlsgd.algorithms.LRCoupled`,
+  :class:`~stlsgd.algorithms.QSR`) read the lr your optimizer will use for the round's first step.
+- **Optimizer state** shaped like a parameter (SGD's momentum, Adam's moments) is averaged with the model at
+  each round by default (``optimizer_state="average"``; also ``"keep"`` or ``"reset"``), so that right after
+  an average every process holds the same model and the same momentum (docs/distributed.md has the measured
+  comparison behind the default).
+- **DDP**: give it the DDP-wrapped model; its gradient all-reduce is switched off (``require_backward_grad_sync``,
+  what ``no_sync()`` sets), so the only collectives are the averages.
+- **STL-SGD^nc's proximal term** 1/(2 gamma) ||x - x_s||^2 (a plan with ``gamma``; x_s the model at the start
+  of the stage) is added to the gradients by a pre-step hook.
+- **Checkpoints**: :meth:`PlanAverager.state_dict` holds the plan's cursor, the step in the round, the anchor,
+  the counters and who saved it. Save it per rank with your model and optimizer; restoring in any order
+  (before or after constructing) is exact. A checkpoint that cannot resume exactly (rank 0's, loaded on another
+  rank mid-round, or at a round boundary while per-rank momentum is kept) is refused with a one-line error.
+- **Observability**: :attr:`PlanAverager.stats` (rounds, averages, bytes sent, bytes a per-step DDP would have
+  sent, compute and communication time); ``on_round`` callbacks, ``log_every=N`` (one line per N rounds)
+  and ``csv=PATH`` (one row per round).
+
+Without a process group (one process, not launched by torchrun) it runs as a single client: rounds are counted
+and logged, and averaging is the identity.
 """
 
 from __future__ import annotations
 
-import os
-from datetime import timedelta
-from typing import Any
+import csv as csv_module
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from stlsgd.algorithms.plan import Cursor, Plan, Round
+from stlsgd.algorithms.plan import Cursor, Feedback, Plan, Round
+from stlsgd.errors import StlsgdError
+from stlsgd.executors import distributed
 
-TIMEOUT_ENV = "STLSGD_DIST_TIMEOUT"
+OptimizerState = Literal["average", "keep", "reset"]
+STATE_FORMAT = "stlsgd-dropin"
+STATE_VERSION = 2
+
+
+@dataclass
+class RoundStats:
+    """What the averager has done so far, as of the end of a round (all counts per process)."""
+
+    round: int = 0
+    stage: int = 1
+    period: int = 1
+    steps: int = 0
+    lr: float | None = None
+    averages: int = 0
+    bytes_sent: int = 0
+    ddp_bytes: int = 0
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+
+    @property
+    def saved(self) -> float:
+        """Fraction of a per-step DDP's gradient traffic not sent (0 before any step)."""
+        return 1.0 - self.bytes_sent / self.ddp_bytes if self.ddp_bytes else 0.0
+
+    def line(self) -> str:
+        lr = "-" if self.lr is None else f"{self.lr:.4g}"
+        return (f"stlsgd round {self.round}: stage {self.stage}, period {self.period}, lr {lr}, {self.steps} steps, "
+                f"{self.averages} averages, {self.bytes_sent / 2**20:.1f} MiB sent vs {self.ddp_bytes / 2**20:.1f} "
+                f"MiB for per-step DDP ({100 * self.saved:.1f}% saved), compute {self.compute_s:.1f} s, "
+                f"communication {self.comm_s:.1f} s")
+
+
+FIELDS = [f.name for f in dataclasses.fields(RoundStats)] + ["saved"]
 
 
 class PlanAverager:
-    """Applies ``plan`` to a user's ``model`` and ``optimizer``; call :meth:`step` after each ``optimizer.step()``.
+    """Runs ``plan`` in the loop of ``model`` and ``optimizer``; see the module docstring.
 
-    ``group``: the process group to average over (default: the default group). Started by ``torchrun`` with
-    no group initialised yet, it initialises the default group itself (nccl with CUDA, else gloo; timeout
-    ``$STLSGD_DIST_TIMEOUT`` seconds, default 30). Without any process group it runs as a single client
-    (averaging is then the identity) so that the same script runs un-launched.
-
-    Rank 0's parameters and buffers are broadcast at construction (``sync=True``), so processes need not be
-    seeded alike. The optimizer's lr is set by the plan at every step, for every param group.
+    ``group``: the process group to average over (default: the default group, which is initialised from
+    torchrun's environment when it does not exist yet). ``hook=False`` leaves the counting to explicit
+    :meth:`after_step` calls (the adapters use it).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan, *,
-                 group: dist.ProcessGroup | None = None, sync: bool = True) -> None:
-        self.model = model
+                 group: dist.ProcessGroup | None = None, plan_lr: bool = False,
+                 optimizer_state: OptimizerState = "average", lr_group: int = 0,
+                 on_round: Callable[[RoundStats], None] | None = None, log_every: int | None = None,
+                 csv: str | Path | None = None, hook: bool = True) -> None:
+        self.module = _unwrap(model)
         self.optimizer = optimizer
         self.plan = plan
-        self.group = group
-        if group is None and not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            _init_from_env()
-        self._pg: dist.ProcessGroup | None = group if group is not None else (
-            dist.group.WORLD if dist.is_initialized() else None)
-        self.world_size = self._pg.size() if self._pg is not None else 1
-        self.rank = self._pg.rank() if self._pg is not None else 0
+        if optimizer_state not in ("average", "keep", "reset"):
+            raise StlsgdError(f"optimizer_state: must be 'average', 'keep' or 'reset', got {optimizer_state!r}")
+        if not 0 <= lr_group < len(optimizer.param_groups):
+            raise StlsgdError(f"lr_group: the optimizer has {len(optimizer.param_groups)} param groups, got {lr_group}")
+        if log_every is not None and log_every < 1:
+            raise StlsgdError(f"log_every: must be >= 1 round, got {log_every}")
+        self.plan_lr, self.optimizer_state, self.lr_group = plan_lr, optimizer_state, lr_group
+        self._job: distributed.Job | None = None
+        if group is not None or dist.is_initialized() or distributed.launched():
+            self._job = distributed.join(group=group)
+        self.group = None if self._job is None else self._job.group
+        self.world_size = 1 if self._job is None else self._job.world
+        self.rank = 0 if self._job is None else self._job.rank
+        if model is not self.module:  # DDP: its gradient all-reduce would undo the point of local steps
+            model.require_backward_grad_sync = False
+            self._say("DDP's per-step gradient all-reduce is switched off: the model is averaged at the end of "
+                      "each round of the plan instead")
         self._flatten()
-        if sync and self.world_size > 1:
-            for flat in self._flats:
-                dist.broadcast(flat, group_src=0, group=self.group)
+        if not self._params:
+            raise StlsgdError("model: has no floating-point parameters to average")
+        self._callbacks = [on_round] if on_round is not None else []
+        if log_every is not None:
+            self._callbacks.append(lambda s: s.round % log_every == 0 and self._say(s.line()))
+        if csv is not None:
+            self._callbacks.append(_CsvLog(Path(csv)).write if self.rank == 0 else (lambda s: None))
+        self.stats = RoundStats()
         self._anchor: list[torch.Tensor] | None = None
-        self._seek(Cursor(), 0)
-        self._hook = optimizer.register_step_pre_hook(self._before_step)
+        self._objective: float | None = None
+        self._restored = False
+        self._started = False
+        self._mark = time.perf_counter()
+        self._cursor = Cursor()
+        self._step = 0
+        # The next round is settled at its first step (the pre-step hook), after the user's LR scheduler has
+        # set that step's lr, which plans coupled to the lr read; None until then.
+        self._round: Round | None = None
+        self._feedback = Feedback()
+        self._hooks = [optimizer.register_step_pre_hook(self._before_step)]
+        if hook:
+            self._hooks.append(optimizer.register_step_post_hook(lambda opt, args, kwargs: self.after_step()))
+        if plan_lr:
+            if plan.next_round(Cursor()).lrs is None:
+                raise StlsgdError("plan_lr: the plan has no learning rate of its own; give it lr=... or leave "
+                                  "plan_lr off")
+            self._say("the plan sets the learning rate of every step (plan_lr=True): the optimizer's lr and any "
+                      "LR scheduler are overridden")
 
-    # ------------------------------------------------------------------ where we are in the plan
+    # ------------------------------------------------------------------ where the loop stands
 
     @property
     def current_round(self) -> Round:
-        """The round the next optimizer step belongs to."""
-        return self._round
+        """The round the next optimizer step belongs to (as it would start now, before its first step)."""
+        return self._round if self._round is not None else self.plan.next_round(self._cursor, self._feedback_now())
 
     @property
     def round_index(self) -> int:
-        return self._round.index
+        return self._cursor.index
 
     @property
     def step_in_round(self) -> int:
         return self._step
 
     @property
+    def at_boundary(self) -> bool:
+        """Right after an average (or before the first step): every process holds the same model."""
+        return self._step == 0
+
+    @property
     def iteration(self) -> int:
-        """Local steps taken so far (the paper's t)."""
-        return self._round.start_iteration + self._step
+        """Optimizer steps taken so far (the paper's t)."""
+        return self._cursor.iteration + self._step
 
     @property
     def stage(self) -> int:
-        return self._round.stage
+        return self.current_round.stage
 
     @property
     def period(self) -> int:
-        """The current stage's communication period k_s."""
-        return self._round.period
+        """The current round's communication period."""
+        return self.current_round.period
 
     @property
     def batch_size(self) -> int:
-        """The per-client (per-process) mini-batch size of the next step (grows in CR-PSGD's plan)."""
-        return self._round.batch
+        """The per-process mini-batch size of the plan's next step (grows in CR-PSGD's plan)."""
+        return self.current_round.batch
 
     @property
     def lr(self) -> float:
-        """The learning rate of the next step."""
-        return float(self._lrs[self._step])
+        """The learning rate of the next step: the plan's with ``plan_lr``, else the optimizer's."""
+        if self.plan_lr:
+            return float(self.current_round.learning_rates()[self._step])
+        return float(self.optimizer.param_groups[self.lr_group]["lr"])
+
+    def report_loss(self, loss: float | torch.Tensor) -> None:
+        """Feed the training loss to a plan that adapts to it (AdaComm); read at the next round's start."""
+        self._objective = float(loss)
 
     # ------------------------------------------------------------------ the loop
 
-    def step(self) -> bool:
-        """Call once after every ``optimizer.step()``: advances the plan; True when this step ended a round
-        and the model was averaged over the group."""
+    def after_step(self) -> bool:
+        """Count one optimizer step (the post-step hook calls this); True when it ended a round and the model
+        was averaged over the group."""
+        if self._round is None:  # hook=False: the adapters count steps without the pre-step hook's call
+            self._begin_round()
         self._step += 1
         if self._step < self._round.steps:
-            self._set_lr()
             return False
         self.average()
-        self._seek(self.plan.advance(self._cursor, self._round), 0)
+        self._record_round()
+        self._cursor = self.plan.advance(self._cursor, self._round, self._feedback)
+        self._step = 0
+        self._round = None
         return True
 
     def average(self) -> None:
         """Every process's floating parameters and buffers become their mean over the group (one all-reduce
-        per dtype and device; one in all for the usual all-float32 model)."""
-        if self.world_size == 1:
-            return
-        if not self._views_intact():  # something replaced a tensor (model.to(), load_state_dict(assign=True))
-            self._flatten()
-        for flat in self._flats:
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
-            flat.div_(self.world_size)
+        per dtype and device), and the optimizer's momentum-like state follows ``optimizer_state``."""
+        started = time.perf_counter()
+        self.stats.compute_s += started - self._mark
+        if self.world_size > 1:
+            if not self._views_intact():  # something replaced a tensor (model.to(), load_state_dict(assign=True))
+                self._flatten()
+            moments = self._moments() if self.optimizer_state == "average" else []
+            for tensors in self._payloads(moments):
+                # Optimizer state rides in the same all-reduce as the model of its dtype and device (copied in
+                # and out: optimizers may re-create their state tensors at any step); a model alone is reduced
+                # in place.
+                buffer = torch.cat([t.reshape(-1) for t in tensors]) if len(tensors) > 1 else tensors[0]
+                dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group)
+                buffer.div_(self.world_size)
+                if len(tensors) > 1:
+                    for t, piece in zip(tensors, buffer.split([t.numel() for t in tensors])):
+                        t.copy_(piece.view_as(t))
+                self.stats.bytes_sent += buffer.numel() * buffer.element_size()
+            self.stats.averages += 1
+            if self._flats[0].is_cuda:
+                torch.cuda.synchronize(self._flats[0].device)
+        if self.optimizer_state == "reset":
+            for t in self._moments():
+                t.zero_()
+        self._mark = time.perf_counter()
+        self.stats.comm_s += self._mark - started
 
     def models_in_sync(self, atol: float = 0.0) -> bool:
         """Whether every process holds rank 0's parameters and buffers (to ``atol``): a check for debugging."""
@@ -147,57 +270,104 @@ class PlanAverager:
         return bool(gap <= atol)
 
     def close(self) -> None:
-        """Remove the optimizer hook (lr and proximal term); the model keeps its (flat-backed) tensors."""
-        self._hook.remove()
+        """Remove the optimizer hooks; the model keeps its (flat-backed) tensors."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def __enter__(self) -> PlanAverager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, Any]:
-        """Position in the plan and the proximal anchor; save it next to the model's and optimizer's."""
+        """Everything the plan and the averager need; save it per rank next to the model's and optimizer's."""
         return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "plan": self._plan_identity(),
             "cursor": self._cursor.to_dict(),
             "step": self._step,
-            "plan": {"name": type(self.plan).__name__, **self.plan.describe()},
+            "feedback": dataclasses.asdict(self._feedback),  # what settled the current round
+            "objective": self._objective,
             "anchor": None if self._anchor is None else [a.detach().clone() for a in self._anchor],
+            "stats": dataclasses.asdict(self.stats),
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "optimizer_state": self.optimizer_state,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`; the plan must be the one it was taken with."""
-        plan = {"name": type(self.plan).__name__, **self.plan.describe()}
-        if state.get("plan") != plan:
-            raise ValueError(f"PlanAverager state was taken with plan {state.get('plan')}, not {plan}")
-        anchor = state.get("anchor")
-        if anchor is None:
-            self._anchor = None
-        else:
-            if len(anchor) != len(self._params):
-                raise ValueError(f"PlanAverager anchor holds {len(anchor)} tensors, the model has {len(self._params)}")
-            self._anchor = [a.detach().to(p.device, p.dtype).clone() for a, p in zip(anchor, self._params)]
-        self._seek(Cursor.from_dict(state["cursor"]), int(state["step"]), take_anchor=False)
+        """Continue from a :meth:`state_dict`; load it before the first optimizer step.
+
+        Refused (one line) when the resume could not be exact: another plan; rank 0's state on another rank in
+        the middle of a round (the other ranks' local models are not in it); or, with ``optimizer_state="keep"``,
+        another rank's state at all (per-rank momentum differs even right after an average).
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise StlsgdError("PlanAverager.load_state_dict: not a PlanAverager state (or one of an older stlsgd)")
+        if state["plan"] != self._plan_identity():
+            raise StlsgdError(f"PlanAverager.load_state_dict: the state was taken with plan {state['plan']}, "
+                              f"not {self._plan_identity()}")
+        foreign = state["rank"] != self.rank or state["world_size"] != self.world_size
+        if foreign and state["step"] != 0:
+            raise StlsgdError(
+                f"PlanAverager.load_state_dict: saved by rank {state['rank']} of {state['world_size']} at step "
+                f"{state['step']} of a round; the other ranks' local models are not in it, so this restore cannot "
+                "be exact: save per-rank checkpoints, or save when averager.at_boundary (docs/distributed.md)")
+        if foreign and self.optimizer_state == "keep" and self._moments():
+            raise StlsgdError(
+                f"PlanAverager.load_state_dict: saved by rank {state['rank']}, and with optimizer_state='keep' each "
+                "rank's momentum differs: save per-rank checkpoints, or use optimizer_state='average'")
+        anchor = state["anchor"]
+        if anchor is not None and len(anchor) != len(self._params):
+            raise StlsgdError(f"PlanAverager.load_state_dict: the anchor holds {len(anchor)} tensors, the model "
+                              f"has {len(self._params)}")
+        self._anchor = None if anchor is None else [a.detach().to(p.device, p.dtype).clone()
+                                                    for a, p in zip(anchor, self._params)]
+        self._cursor = Cursor.from_dict(state["cursor"])
+        self._objective = state["objective"]
+        self.stats = RoundStats(**state["stats"])
+        self._step = int(state["step"])
+        self._round = None
+        if self._step:  # mid-round: the round as it was settled at its start
+            self._feedback = Feedback(**state["feedback"])
+            self._round = self.plan.next_round(self._cursor, self._feedback)
+            if self._step >= self._round.steps:
+                raise StlsgdError(f"PlanAverager.load_state_dict: step {self._step} is outside round "
+                                  f"{self._cursor.index}, which has {self._round.steps} steps")
+        self._restored = True
 
     # ------------------------------------------------------------------ internals
 
-    def _seek(self, cursor: Cursor, step: int, *, take_anchor: bool = True) -> None:
-        self._cursor = cursor
-        self._round = self.plan.next_round(cursor)
-        if not 0 <= step < self._round.steps:
-            raise ValueError(f"step {step} is outside round {cursor.index}, which has {self._round.steps} steps")
-        self._step = step
-        self._lrs = self._round.learning_rates()
-        need_anchor = self._round.prox_gamma is not None and (self._round.new_anchor or self._anchor is None)
-        if take_anchor and step == 0 and need_anchor:
+    def _plan_identity(self) -> dict[str, Any]:
+        return {"name": type(self.plan).__name__, **self.plan.describe()}
+
+    def _feedback_now(self) -> Feedback:
+        lr = None if self.plan_lr else float(self.optimizer.param_groups[self.lr_group]["lr"])
+        return Feedback(objective=self._objective, lr=lr)
+
+    def _begin_round(self) -> None:
+        """Settle the round that starts with the coming step, from the lr that step will use."""
+        self._feedback = self._feedback_now()
+        rnd = self.plan.next_round(self._cursor, self._feedback)
+        if rnd.prox_gamma is not None and (rnd.new_anchor or self._anchor is None):
             # x_s of Algorithm 3: the averaged model at the start of the stage (the average just happened).
             self._anchor = [p.detach().clone() for p in self._params]
-        self._set_lr()
-
-    def _set_lr(self) -> None:
-        lr = self.lr
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self._round = rnd
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        # The lr is set again here: optimizer.load_state_dict() restores the lr that was saved with it.
-        self._set_lr()
+        if not self._started:
+            self._start()
+        if self._round is None:
+            self._begin_round()
+        if self.plan_lr:
+            lr = self.lr
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
         gamma = self._round.prox_gamma
         if gamma is None or self._anchor is None:
             return
@@ -208,15 +378,60 @@ class PlanAverager:
             diffs = torch._foreach_sub([p.detach() for p, _ in pairs], [a for _, a in pairs])
             torch._foreach_add_(grads, diffs, alpha=1.0 / gamma)
 
+    def _start(self) -> None:
+        """Before the first step: processes need not be seeded alike, so a fresh run starts from rank 0's model.
+
+        A restored run starts from its own (per-rank) state; an optimizer that already holds state while the
+        averager's was not restored means a checkpoint was half loaded: refused rather than overwritten."""
+        self._started = True
+        self._mark = time.perf_counter()
+        if self._restored or self.world_size == 1:
+            return
+        if self._moments() or self.iteration:
+            raise StlsgdError("PlanAverager: the optimizer holds state from a checkpoint but the averager's state "
+                              "was not restored; call averager.load_state_dict(saved) before the first step")
+        for flat in self._flats:
+            dist.broadcast(flat, group_src=0, group=self.group)
+
+    def _record_round(self) -> None:
+        s = self.stats
+        r = self._round
+        s.round, s.stage, s.period, s.steps = r.index + 1, r.stage, r.period, r.end_iteration
+        s.lr = float(r.learning_rates()[-1]) if self.plan_lr else float(self.optimizer.param_groups[self.lr_group]["lr"])
+        s.ddp_bytes = s.steps * sum(p.numel() * p.element_size() for p in self._params)
+        for callback in self._callbacks:
+            callback(s)
+
+    def _payloads(self, riders: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+        """The tensors of each all-reduce: a flat model buffer and the optimizer state of its dtype and device."""
+        groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {(f.dtype, f.device): [f]
+                                                                              for f in self._flats}
+        for t in riders:
+            groups.setdefault((t.dtype, t.device), []).append(t)
+        return list(groups.values())
+
+    def _moments(self) -> list[torch.Tensor]:
+        """The optimizer's state tensors shaped like their parameters (momentum, Adam's moments)."""
+        out = []
+        for p in self._params:
+            for value in self.optimizer.state.get(p, {}).values():
+                if isinstance(value, torch.Tensor) and value.shape == p.shape and torch.is_floating_point(value):
+                    out.append(value)
+        return out
+
+    def _say(self, text: str) -> None:
+        if self.rank == 0:
+            print(text, file=sys.stderr, flush=True)
+
     def _flatten(self) -> None:
         """Move every floating parameter and buffer into one flat buffer per (dtype, device), as views.
 
         Parameters come first, in ``named_parameters`` order, then buffers; the model's own objects stay (a
         parameter keeps its identity, so the optimizer's state still refers to it).
         """
-        self._params = [p for p in self.model.parameters() if torch.is_floating_point(p)]
+        self._params = [p for p in self.module.parameters() if torch.is_floating_point(p)]
         slots: list[tuple[nn.Module | None, str | None, torch.Tensor]] = [(None, None, p) for p in self._params]
-        for module in self.model.modules():
+        for module in self.module.modules():
             for name, buf in module._buffers.items():
                 if buf is not None and torch.is_floating_point(buf):
                     slots.append((module, name, buf))
@@ -247,19 +462,31 @@ class PlanAverager:
         return True
 
 
-def _init_from_env() -> None:
-    """The default group of a torchrun job: nccl on GPUs, gloo otherwise, a timeout so a dead peer is noticed."""
-    text = os.environ.get(TIMEOUT_ENV, "30")
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise ValueError(f"${TIMEOUT_ENV}: expected seconds, got {text!r}") from None
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl", timeout=timedelta(seconds=seconds),
-                                device_id=torch.device("cuda", torch.cuda.current_device()))
-    else:
-        dist.init_process_group("gloo", timeout=timedelta(seconds=seconds))
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The module to average: a DDP wrapper's module; FSDP (sharded parameters) is not supported."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        return model.module
+    if type(model).__name__ in ("FullyShardedDataParallel", "FSDPModule") or hasattr(model, "_fsdp_wrapped_module"):
+        raise StlsgdError("model: FSDP shards the parameters; stlsgd averages whole models: use a plain or DDP model")
+    return model
 
 
-__all__ = ["PlanAverager"]
+class _CsvLog:
+    """One row per round: the fields of :class:`RoundStats`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._new = True
+
+    def write(self, stats: RoundStats) -> None:
+        with open(self.path, "w" if self._new else "a", newline="") as fh:
+            writer = csv_module.DictWriter(fh, fieldnames=FIELDS)
+            if self._new:
+                writer.writeheader()
+                self._new = False
+            writer.writerow({**dataclasses.asdict(stats), "saved": stats.saved})
+
+
+__all__ = ["PlanAverager", "RoundStats"]

@@ -54,8 +54,12 @@ def test_stl_sc_noniid_grows_by_sqrt2_and_counts_sum_of_ceilings():
     assert steps[1][-1] == 200 - 14 * 14 and steps[3][-1] == 800 - 28 * 28
 
 
-def test_period_is_at_least_one():
-    assert STLSGD(lr=1.0, T1=4, k1=0.3).stage(1)[2] == 1
+def test_period_is_at_least_one_and_k1_below_one_is_refused():
+    from stlsgd.algorithms.plan import floor_period
+
+    assert [floor_period(k) for k in (0.3, 1.0, 1.4142135623730951 * 2**0.5, 2.9999999999)] == [1, 1, 2, 3]
+    with pytest.raises(ValueError, match=r"^k1: must be >= 1"):
+        STLSGD(lr=1.0, T1=4, k1=0.3)
 
 
 def test_stl_nc_option2_linear_schedule_and_anchors():

@@ -209,7 +209,7 @@ def test_killed_rank_stops_the_others_and_the_run_resumes_on_two_nodes(tmp_path:
 
 def test_dropin_example_trains_under_torchrun(tmp_path: Path, shared_data: Path) -> None:
     result = _run([TORCHRUN, "--nproc_per_node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-                   REPO / "examples" / "train_cnn.py", "--data-dir", shared_data, "--steps", "60", "--T1", "20",
+                   REPO / "examples" / "train_cnn.py", "--data-dir", shared_data, "--steps", "60", "--decay-every", "20",
                    "--train-size", "4000"], timeout=240)
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("MNIST: 2 processes, 60 steps"), result.stdout

@@ -1,12 +1,11 @@
-"""In-process tests of the distributed pieces: client slices, the flat-buffer all-reduce, the verdict
-broadcast, collective timeouts and the drop-in's plan arithmetic, averaging and state dicts.
+"""In-process tests of the distributed pieces: client slices, the averages over a group, the verdict
+broadcast, collective timeouts and the backend choice.
 
 Several ranks are real gloo process groups on threads (see ``dist_helpers.on_thread_ranks``).
 """
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from pathlib import Path
@@ -16,10 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_helpers import on_thread_ranks
-from torch import nn
 
-from stlsgd.algorithms import CRPSGD, STLSGD, Cursor, SyncSGD
-from stlsgd.dropin import PlanAverager
+from stlsgd.algorithms import Cursor
 from stlsgd.errors import ConfigError, StlsgdError
 from stlsgd.executors.averaging import allreduce_mean, copy_state, gather_mean, mean_over_clients
 from stlsgd.executors.distributed import (
@@ -127,138 +124,3 @@ def test_dist_backend_outside_torchrun_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StlsgdError, match="torchrun --nproc_per_node"):
         run_experiment(Experiment(), tmp_path / "out", backend="dist")
     assert not (tmp_path / "out").exists()
-
-
-# --------------------------------------------------------------------------- drop-in
-
-
-def _lr_before_step(opt: torch.optim.Optimizer) -> float:
-    return float(opt.param_groups[0]["lr"])
-
-
-def test_dropin_follows_the_plans_learning_rates_and_periods() -> None:
-    model = nn.Linear(3, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=123.0)
-    # Stage 1: lr 0.4, 4 steps, period 1; stage 2: lr 0.2, 8 steps, period 2; stage 3: lr 0.1, period 4.
-    stl = PlanAverager(model, opt, STLSGD(lr=0.4, T1=4, k1=1.0, iid=True))
-    lrs, averaged_after, stages = [], [], []
-    for t in range(1, 14):
-        lrs.append(_lr_before_step(opt))
-        stages.append(stl.stage)
-        opt.step()
-        if stl.step():
-            averaged_after.append(t)
-    assert lrs == pytest.approx([0.4] * 4 + [0.2] * 8 + [0.1])
-    assert stages == [1] * 4 + [2] * 8 + [3]
-    assert averaged_after == [1, 2, 3, 4, 6, 8, 10, 12]
-    assert (stl.iteration, stl.period) == (13, 4)
-
-
-def test_dropin_exposes_the_plans_growing_batch() -> None:
-    model = nn.Linear(2, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    stl = PlanAverager(model, opt, CRPSGD(lr=0.1, rho=2.0, batch=1, max_batch=8))
-    batches = []
-    for _ in range(5):
-        batches.append(stl.batch_size)
-        opt.step()
-        stl.step()
-    assert batches == [1, 2, 4, 8, 8]
-
-
-def test_dropin_adds_the_proximal_gradient_and_resets_the_anchor_each_stage() -> None:
-    model = nn.Linear(2, 1, bias=False)
-    w0 = model.weight.detach().clone()
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    # Stage 1 = one round of 2 steps at lr 0.5; gamma = 0.25, so the prox gradient is 4 (w - x_s).
-    stl = PlanAverager(model, opt, STLSGD(lr=0.5, T1=2, k1=2.0, gamma=0.25))
-    model.weight.grad = torch.zeros_like(model.weight)
-    opt.step()  # w = x_s: no pull
-    torch.testing.assert_close(model.weight.detach(), w0)
-    with torch.no_grad():
-        model.weight += 1.0
-    opt.step()  # w + 1 - 0.5 * 4 * 1
-    torch.testing.assert_close(model.weight.detach(), w0 - 1.0)
-    assert stl.step() is False and stl.step() is True  # (first call belongs to the first opt.step)
-    # Stage 2 began: x_s is the (averaged) model at the end of stage 1.
-    torch.testing.assert_close(stl.state_dict()["anchor"][0], w0 - 1.0)
-
-
-def _grads(model: nn.Module, step: int) -> None:
-    g = torch.Generator().manual_seed(step)
-    for p in model.parameters():
-        p.grad = torch.randn(p.shape, generator=g)
-
-
-def _continue(model: nn.Module, opt: torch.optim.Optimizer, stl: PlanAverager, start: int, steps: int) -> list:
-    trace = []
-    for t in range(start, start + steps):
-        _grads(model, t)
-        trace.append(_lr_before_step(opt))
-        opt.step()
-        trace.append(stl.step())
-    return trace
-
-
-def test_dropin_state_dict_restores_the_exact_position_in_the_plan() -> None:
-    def make() -> tuple[nn.Module, torch.optim.Optimizer, PlanAverager]:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
-        opt = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)
-        return model, opt, PlanAverager(model, opt, STLSGD(lr=0.1, T1=3, k1=2.0, gamma=2.0, option=2))
-
-    model, opt, stl = make()
-    _continue(model, opt, stl, 0, 8)  # mid-round of stage 2
-    # deepcopy: state dicts hold references to live tensors (parameters, momentum buffers)
-    saved = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(), "stl": stl.state_dict()})
-    assert saved["stl"]["step"] > 0
-    trace_a = _continue(model, opt, stl, 8, 12)
-
-    model_b, opt_b, stl_b = make()
-    model_b.load_state_dict(saved["model"])
-    opt_b.load_state_dict(saved["opt"])
-    stl_b.load_state_dict(saved["stl"])
-    trace_b = _continue(model_b, opt_b, stl_b, 8, 12)
-    assert trace_a == trace_b
-    for a, b in zip(model.state_dict().values(), model_b.state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    torch.testing.assert_close(stl.state_dict()["anchor"], stl_b.state_dict()["anchor"], rtol=0, atol=0)
-    with pytest.raises(ValueError, match="plan"):
-        PlanAverager(nn.Linear(4, 3), torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0),
-                     SyncSGD(lr=0.1)).load_state_dict(saved["stl"])
-
-
-def test_dropin_averages_parameters_and_batchnorm_buffers_over_the_group() -> None:
-    def rank_fn(group: dist.ProcessGroup) -> dict:
-        r = group.rank()
-        torch.manual_seed(r)  # different initial models: construction must hand rank 0's to everyone
-        model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        stl = PlanAverager(model, opt, SyncSGD(lr=0.1), group=group)
-        initial = [p.detach().clone() for p in model.parameters()]
-        bn = model[1]
-        with torch.no_grad():
-            for p in model.parameters():
-                p.fill_(r + 1.0)
-            bn.running_mean.fill_(10.0 * (r + 1))
-            bn.running_var.fill_((r + 1.0) ** 2)
-            bn.num_batches_tracked.fill_(r)
-        opt.step()  # no gradients: the step changes nothing
-        first = stl.step()
-        after = {k: v.clone() for k, v in model.state_dict().items()}
-        model[0].weight.data = torch.full((4, 3), 3.0 * (r + 1))  # replaces the storage: must re-flatten
-        opt.step()
-        stl.step()
-        return {"initial": initial, "first": first, "after": after, "weight": model[0].weight.detach().clone(),
-                "in_sync": stl.models_in_sync()}
-
-    ranks = on_thread_ranks(2, rank_fn)
-    for a, b in zip(ranks[0]["initial"], ranks[1]["initial"]):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    for r, res in enumerate(ranks):
-        assert res["first"] is True and res["in_sync"] is True
-        after = res["after"]
-        assert torch.all(after["0.weight"] == 1.5) and torch.all(after["1.bias"] == 1.5)
-        assert torch.all(after["1.running_mean"] == 15.0) and torch.all(after["1.running_var"] == 2.5)
-        assert int(after["1.num_batches_tracked"]) == r  # integers are not averaged
-        assert torch.all(res["weight"] == 4.5)

@@ -8,23 +8,30 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from stlsgd.algorithms.plan import NO_FEEDBACK, Cursor, Feedback, InverseTime, Plan, Round
+from stlsgd.algorithms.plan import NO_FEEDBACK, Cursor, Feedback, InverseTime, Plan, Round, check_positive
 from stlsgd.algorithms.registry import MAX_STEPS, MethodConfig, PlanContext, register
 
 
 @dataclass
 class LocalSGD(Plan):
-    """Algorithm 1: average every ``k`` local steps; eta_t = lr/(1+alpha t) (alpha = 0: fixed, non-convex)."""
+    """Algorithm 1: average every ``k`` local steps; eta_t = lr/(1+alpha t) (alpha = 0: fixed, non-convex).
 
-    lr: float
-    k: int
+    ``lr`` None: the plan leaves the learning rate to the optimizer (the drop-in's default).
+    """
+
+    lr: float | None = None
+    k: int = 1
     batch: int = 1
     lr_decay: float = 0.0
     name: str = "local_sgd"
 
+    def __post_init__(self) -> None:
+        check_positive(lr=self.lr, k=self.k, batch=self.batch)
+
     def next_round(self, cursor: Cursor, feedback: Feedback = NO_FEEDBACK) -> Round:
+        lrs = None if self.lr is None else InverseTime(self.lr, self.lr_decay)
         return Round(index=cursor.index, stage=1, start_iteration=cursor.iteration, steps=self.k, batch=self.batch,
-                     lrs=InverseTime(self.lr, self.lr_decay), period=self.k)
+                     lrs=lrs, period=self.k)
 
 
 @dataclass
@@ -62,6 +69,9 @@ class CRPSGD(Plan):
     samples_per_epoch: int = 0
     num_clients: int = 1
     name: str = "cr_psgd"
+
+    def __post_init__(self) -> None:
+        check_positive(lr=self.lr, rho=self.rho, batch=self.batch, max_batch=self.max_batch)
 
     def next_round(self, cursor: Cursor, feedback: Feedback = NO_FEEDBACK) -> Round:
         index = cursor.index

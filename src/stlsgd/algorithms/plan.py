@@ -83,19 +83,21 @@ class Round:
     start_iteration: int
     steps: int
     batch: int
-    lrs: LRSchedule
+    lrs: LRSchedule | None
     period: int = 1
     prox_gamma: float | None = None
     new_anchor: bool = False
 
     def learning_rates(self) -> np.ndarray:
-        """Learning rate of each of the round's local steps."""
+        """Learning rate of each of the round's local steps (a plan that leaves it to the optimizer has none)."""
+        if self.lrs is None:
+            raise ValueError("this plan leaves the learning rate to the optimizer; give the plan an lr")
         return self.lrs(self.start_iteration + np.arange(self.steps, dtype=np.int64))
 
     @property
-    def lr(self) -> float:
-        """The learning rate of the round's first step."""
-        return float(self.lrs(np.array([self.start_iteration]))[0])
+    def lr(self) -> float | None:
+        """The learning rate of the round's first step (None: the optimizer's)."""
+        return None if self.lrs is None else float(self.lrs(np.array([self.start_iteration]))[0])
 
     @property
     def end_iteration(self) -> int:
@@ -183,6 +185,13 @@ class Plan(abc.ABC):
                 for k, v in vars(self).items() if not k.startswith("_")}
 
 
+def check_positive(**values: float | None) -> None:
+    """Plans built directly in Python (the drop-in) check their own numbers: each must be > 0 and finite."""
+    for name, value in values.items():
+        if value is not None and not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+            raise ValueError(f"{name}: must be a positive finite number, got {value!r}")
+
+
 def floor_period(k: float) -> int:
     """max(floor(k), 1) as in Algorithms 2 and 3; the epsilon absorbs float error of sqrt(2)**s products."""
     return max(int(math.floor(k + 1e-9)), 1)
@@ -192,7 +201,7 @@ def floor_period(k: float) -> int:
 class Stage:
     """One stage of a stagewise plan: ``length`` iterations of Local SGD with period ``period``."""
 
-    lrs: LRSchedule
+    lrs: LRSchedule | None
     length: int
     period: int
     prox_gamma: float | None = None
@@ -231,4 +240,4 @@ class StagewisePlan(Plan):
 
 
 __all__ = ["NO_FEEDBACK", "Cosine", "Cursor", "Feedback", "InverseTime", "LRSchedule", "Plan", "Round", "Stage",
-           "StagewisePlan", "StepDecay", "floor_period"]
+           "StagewisePlan", "StepDecay", "check_positive", "floor_period"]

@@ -36,13 +36,14 @@ class PlanContext:
 
     ``num_samples`` (n) and ``num_clients`` (N) turn epochs into iterations; ``lam`` is Eq. 8's lambda (None
     for networks) for the rule eta_1 T_1 = 1/lambda; ``iid`` is the k-growth the partition suggests (IID: x2
-    per stage, Non-IID: x sqrt 2).
+    per stage, Non-IID: x sqrt 2); ``max_iterations`` the run's budget (the default length of a cosine lr).
     """
 
     num_samples: int
     num_clients: int
     lam: float | None
     iid: bool
+    max_iterations: int | None = None
 
 
 class MethodConfig(StrictModel):

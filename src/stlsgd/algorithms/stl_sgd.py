@@ -8,7 +8,16 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from stlsgd.algorithms.plan import Cursor, Feedback, InverseTime, Plan, Stage, StagewisePlan, floor_period
+from stlsgd.algorithms.plan import (
+    Cursor,
+    Feedback,
+    InverseTime,
+    Plan,
+    Stage,
+    StagewisePlan,
+    check_positive,
+    floor_period,
+)
 from stlsgd.algorithms.registry import MAX_STEPS, MethodConfig, PlanContext, first_stage_iterations, register
 from stlsgd.errors import ConfigError
 
@@ -32,29 +41,36 @@ class STLSGD(StagewisePlan):
     starting point.
     """
 
-    lr: float
     T1: int
     k1: float
+    lr: float | None = None
     iid: bool = True
     option: int = 1
     gamma: float | None = None
     batch: int = 1
     name: str = "stl_sc"
 
-    def stage(self, s: int) -> tuple[float, int, int]:
-        """(eta_s, T_s, period_s) of stage ``s`` (1-based)."""
+    def __post_init__(self) -> None:
+        check_positive(T1=self.T1, k1=self.k1, lr=self.lr, gamma=self.gamma, batch=self.batch)
+        if self.k1 < 1:
+            raise ValueError(f"k1: must be >= 1 (the first stage's period in steps), got {self.k1!r}")
+        if self.option not in (1, 2):
+            raise ValueError(f"option: must be 1 (geometric stages) or 2 (linear), got {self.option!r}")
+
+    def stage(self, s: int) -> tuple[float | None, int, int]:
+        """(eta_s, T_s, period_s) of stage ``s`` (1-based); eta_s None when the optimizer owns the lr."""
         if self.option == 1:
             growth = 2.0 ** (s - 1)
-            lr, length = self.lr / growth, self.T1 * 2 ** (s - 1)
+            shrink, length = growth, self.T1 * 2 ** (s - 1)
             k = self.k1 * (growth if self.iid else 2.0 ** ((s - 1) / 2))
         else:
-            lr, length = self.lr / s, self.T1 * s
+            shrink, length = float(s), self.T1 * s
             k = self.k1 * (s if self.iid else math.sqrt(s))
-        return lr, length, floor_period(k)
+        return None if self.lr is None else self.lr / shrink, length, floor_period(k)
 
     def stage_at(self, s: int, cursor: Cursor, feedback: Feedback) -> Stage:
         lr, length, period = self.stage(s)
-        return Stage(InverseTime(lr), length, period, self.gamma)
+        return Stage(None if lr is None else InverseTime(lr), length, period, self.gamma)
 
 
 # --------------------------------------------------------------------------- config models (the registry)

@@ -78,12 +78,13 @@ def launched() -> bool:
 
 @dataclass
 class Job:
-    """This process's place in a torch.distributed job: the timed group the rounds use, and whether the
-    default group was made here (and is destroyed here)."""
+    """This process's place in a torch.distributed job: the group the rounds use, and what was made here (and
+    is destroyed here): the default group, the timed group, or neither (a caller's own group)."""
 
     group: dist.ProcessGroup
     backend: str
     owns_default: bool
+    owns_group: bool = True
 
     @property
     def rank(self) -> int:
@@ -96,7 +97,7 @@ class Job:
     def close(self) -> None:
         if self.owns_default:
             dist.destroy_process_group()
-        else:
+        elif self.owns_group:
             dist.destroy_process_group(self.group)
 
 
@@ -109,7 +110,7 @@ def join(comm_backend: str = "auto", group: dist.ProcessGroup | None = None) -> 
     """
     timeout = collective_timeout()
     if group is not None:
-        return Job(group, dist.get_backend(group), owns_default=False)
+        return Job(group, group.name(), owns_default=False, owns_group=False)
     owns = not dist.is_initialized()
     if owns:
         if not launched():

@@ -58,7 +58,7 @@ def stop_rule(exp: Experiment, has_optimum: bool) -> StopRule:
 
 def plan_context(exp: Experiment, num_samples: int, lam: float | None) -> PlanContext:
     return PlanContext(num_samples=num_samples, num_clients=exp.data.num_clients, lam=lam,
-                       iid=exp.data.partition in IID_MODES)
+                       iid=exp.data.partition in IID_MODES, max_iterations=exp.run.max_iterations)
 
 
 def net_problem(exp: Experiment, dataset: Dataset) -> NeuralNetProblem:
