@@ -29,6 +29,8 @@ What it leaves to you, and what it does:
   comparison behind the default).
 - **DDP**: give it the DDP-wrapped model; its gradient all-reduce is switched off (``require_backward_grad_sync``,
   what ``no_sync()`` sets), so the only collectives are the averages.
+- **How to average**: the mean, or with ``outer=OuterNesterov(lr=0.7, momentum=0.9)`` DiLoCo's outer Nesterov
+  step on the averaged update (:class:`~stlsgd.executors.averaging.OuterNesterov`), with any plan.
 - **STL-SGD^nc's proximal term** 1/(2 gamma) ||x - x_s||^2 (a plan with ``gamma``; x_s the model at the start
   of the stage) is added to the gradients by a pre-step hook.
 - **Checkpoints**: :meth:`PlanAverager.state_dict` holds the plan's cursor, the step in the round, the anchor,
@@ -61,6 +63,7 @@ from torch import nn
 from stlsgd.algorithms.plan import Cursor, Feedback, Plan, Round
 from stlsgd.errors import StlsgdError
 from stlsgd.executors import distributed
+from stlsgd.executors.averaging import OuterNesterov
 
 OptimizerState = Literal["average", "keep", "reset"]
 STATE_FORMAT = "stlsgd-dropin"
@@ -109,8 +112,8 @@ class PlanAverager:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan, *,
                  group: dist.ProcessGroup | None = None, plan_lr: bool = False,
                  optimizer_state: OptimizerState = "average", lr_group: int = 0,
-                 on_round: Callable[[RoundStats], None] | None = None, log_every: int | None = None,
-                 csv: str | Path | None = None, hook: bool = True) -> None:
+                 outer: OuterNesterov | None = None, on_round: Callable[[RoundStats], None] | None = None,
+                 log_every: int | None = None, csv: str | Path | None = None, hook: bool = True) -> None:
         self.module = _unwrap(model)
         self.optimizer = optimizer
         self.plan = plan
@@ -120,7 +123,7 @@ class PlanAverager:
             raise StlsgdError(f"lr_group: the optimizer has {len(optimizer.param_groups)} param groups, got {lr_group}")
         if log_every is not None and log_every < 1:
             raise StlsgdError(f"log_every: must be >= 1 round, got {log_every}")
-        self.plan_lr, self.optimizer_state, self.lr_group = plan_lr, optimizer_state, lr_group
+        self.plan_lr, self.optimizer_state, self.lr_group, self.outer = plan_lr, optimizer_state, lr_group, outer
         self._job: distributed.Job | None = None
         if group is not None or dist.is_initialized() or distributed.launched():
             self._job = distributed.join(group=group)
@@ -141,6 +144,8 @@ class PlanAverager:
             self._callbacks.append(_CsvLog(Path(csv)).write if self.rank == 0 else (lambda s: None))
         self.stats = RoundStats()
         self._anchor: list[torch.Tensor] | None = None
+        self._start_params: list[torch.Tensor] | None = None  # the model at the round's start (outer step)
+        self._outer_momentum: list[torch.Tensor] | None = None
         self._objective: float | None = None
         self._restored = False
         self._started = False
@@ -251,6 +256,12 @@ class PlanAverager:
             self.stats.averages += 1
             if self._flats[0].is_cuda:
                 torch.cuda.synchronize(self._flats[0].device)
+        if self.outer is not None and self._start_params is not None:
+            with torch.no_grad():
+                if self._outer_momentum is None:
+                    self._outer_momentum = [torch.zeros_like(p) for p in self._params]
+                for start, p, m in zip(self._start_params, self._params, self._outer_momentum):
+                    self.outer.step(start, p.data, m)
         if self.optimizer_state == "reset":
             for t in self._moments():
                 t.zero_()
@@ -293,7 +304,9 @@ class PlanAverager:
             "step": self._step,
             "feedback": dataclasses.asdict(self._feedback),  # what settled the current round
             "objective": self._objective,
-            "anchor": None if self._anchor is None else [a.detach().clone() for a in self._anchor],
+            "anchor": _copies(self._anchor),
+            "start": _copies(self._start_params) if self._step else None,
+            "outer_momentum": _copies(self._outer_momentum),
             "stats": dataclasses.asdict(self.stats),
             "rank": self.rank,
             "world_size": self.world_size,
@@ -322,12 +335,9 @@ class PlanAverager:
             raise StlsgdError(
                 f"PlanAverager.load_state_dict: saved by rank {state['rank']}, and with optimizer_state='keep' each "
                 "rank's momentum differs: save per-rank checkpoints, or use optimizer_state='average'")
-        anchor = state["anchor"]
-        if anchor is not None and len(anchor) != len(self._params):
-            raise StlsgdError(f"PlanAverager.load_state_dict: the anchor holds {len(anchor)} tensors, the model "
-                              f"has {len(self._params)}")
-        self._anchor = None if anchor is None else [a.detach().to(p.device, p.dtype).clone()
-                                                    for a, p in zip(anchor, self._params)]
+        self._anchor = self._like_params(state["anchor"], "anchor")
+        self._start_params = self._like_params(state["start"], "start")
+        self._outer_momentum = self._like_params(state["outer_momentum"], "outer_momentum")
         self._cursor = Cursor.from_dict(state["cursor"])
         self._objective = state["objective"]
         self.stats = RoundStats(**state["stats"])
@@ -343,6 +353,14 @@ class PlanAverager:
 
     # ------------------------------------------------------------------ internals
 
+    def _like_params(self, tensors: list[torch.Tensor] | None, what: str) -> list[torch.Tensor] | None:
+        if tensors is None:
+            return None
+        if len(tensors) != len(self._params):
+            raise StlsgdError(f"PlanAverager.load_state_dict: {what} holds {len(tensors)} tensors, the model has "
+                              f"{len(self._params)}")
+        return [t.detach().to(p.device, p.dtype).clone() for t, p in zip(tensors, self._params)]
+
     def _plan_identity(self) -> dict[str, Any]:
         return {"name": type(self.plan).__name__, **self.plan.describe()}
 
@@ -356,7 +374,9 @@ class PlanAverager:
         rnd = self.plan.next_round(self._cursor, self._feedback)
         if rnd.prox_gamma is not None and (rnd.new_anchor or self._anchor is None):
             # x_s of Algorithm 3: the averaged model at the start of the stage (the average just happened).
-            self._anchor = [p.detach().clone() for p in self._params]
+            self._anchor = _copies(self._params)
+        if self.outer is not None:
+            self._start_params = _copies(self._params)
         self._round = rnd
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -460,6 +480,10 @@ class PlanAverager:
             if current is None or current.data_ptr() != ptr:
                 return False
         return True
+
+
+def _copies(tensors: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+    return None if tensors is None else [t.detach().clone() for t in tensors]
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from stlsgd.algorithms.plan import NO_FEEDBACK, Cursor, Feedback, InverseTime, Plan, Round, check_positive
-from stlsgd.algorithms.registry import MAX_STEPS, MethodConfig, PlanContext, register
+from stlsgd.algorithms.registry import MAX_STEPS, LocalMethodConfig, MethodConfig, PlanContext, register
 
 
 @dataclass
@@ -138,7 +138,7 @@ class CRPSGDConfig(_DecayingLR):
 
 
 @register
-class LocalSGDConfig(_DecayingLR):
+class LocalSGDConfig(_DecayingLR, LocalMethodConfig):
     """Local SGD (Algorithm 1): average every k local steps."""
 
     method: Literal["local_sgd"] = "local_sgd"

@@ -32,7 +32,7 @@ from stlsgd.algorithms.plan import (
     StepDecay,
     check_positive,
 )
-from stlsgd.algorithms.registry import MAX_STEPS, MethodConfig, PlanContext, register
+from stlsgd.algorithms.registry import MAX_STEPS, LocalMethodConfig, PlanContext, register
 
 DEFAULT_K_MAX = 2**20
 
@@ -162,7 +162,7 @@ class AdaComm(_LocalPlan):
 # --------------------------------------------------------------------------- config models (the registry)
 
 
-class _ScheduledLR(MethodConfig):
+class _ScheduledLR(LocalMethodConfig):
     """A method with its own learning-rate schedule (in the simulator; the drop-in uses the optimizer's)."""
 
     lr_schedule: Literal["inverse", "step", "cosine"] = Field(

@@ -18,7 +18,7 @@ from stlsgd.algorithms.plan import (
     check_positive,
     floor_period,
 )
-from stlsgd.algorithms.registry import MAX_STEPS, MethodConfig, PlanContext, first_stage_iterations, register
+from stlsgd.algorithms.registry import MAX_STEPS, LocalMethodConfig, PlanContext, first_stage_iterations, register
 from stlsgd.errors import ConfigError
 
 
@@ -76,18 +76,22 @@ class STLSGD(StagewisePlan):
 # --------------------------------------------------------------------------- config models (the registry)
 
 
-class _Stagewise(MethodConfig):
+class _Stagewise(LocalMethodConfig):
     k: float = Field(1.0, ge=1, le=MAX_STEPS, description="k_1, the first stage's period")
     T1: int | None = Field(None, ge=1, le=MAX_STEPS, description="first stage length in iterations")
     T1_epochs: float | None = Field(None, gt=0, le=MAX_STEPS, description="first stage length in epochs")
     iid: bool | None = Field(None, description="k growth x2 (IID) or x sqrt 2 (Non-IID) a stage; default from "
-                                               "the partition")
+                                               "the partition, or x2 with drift correction")
 
     @model_validator(mode="after")
     def _one_length(self) -> _Stagewise:
         if self.T1 is not None and self.T1_epochs is not None:
             raise ValueError("T1: give T1 or T1_epochs, not both")
         return self
+
+    def growth_iid(self, ctx: PlanContext) -> bool:
+        """k x 2 a stage unless set: drift correction removes what the Non-IID rule (x sqrt 2) guards against."""
+        return self.iid if self.iid is not None else (True if self.drift else ctx.iid)
 
 
 @register
@@ -103,7 +107,7 @@ class STLSCConfig(_Stagewise):
             if ctx.lam is None:
                 raise ConfigError("algorithm.T1: give T1 or T1_epochs (eta_1 T_1 = 1/lambda needs a logistic lambda)")
             T1 = first_stage_length(self.lr, ctx.lam, self.lr_T1)
-        return STLSGD(lr=self.lr, T1=T1, k1=self.k, iid=ctx.iid if self.iid is None else self.iid, batch=self.batch)
+        return STLSGD(lr=self.lr, T1=T1, k1=self.k, iid=self.growth_iid(ctx), batch=self.batch)
 
 
 @register
@@ -123,5 +127,5 @@ class STLNCConfig(_Stagewise):
 
     def plan(self, ctx: PlanContext) -> Plan:
         T1 = first_stage_iterations(self.T1, self.T1_epochs, self.batch, ctx)
-        return STLSGD(lr=self.lr, T1=T1, k1=self.k, iid=ctx.iid if self.iid is None else self.iid,
-                      option=self.option, gamma=self.gamma, batch=self.batch, name="stl_nc")
+        return STLSGD(lr=self.lr, T1=T1, k1=self.k, iid=self.growth_iid(ctx), option=self.option, gamma=self.gamma,
+                      batch=self.batch, name="stl_nc")

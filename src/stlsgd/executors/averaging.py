@@ -12,12 +12,16 @@ and all-reduces the sums in one flat buffer: the same average to rounding, at a 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from stlsgd.problems.base import State
+
+Array = Union[np.ndarray, torch.Tensor]  # noqa: UP007 - a runtime alias
 
 
 def mean_over_clients(state: State) -> None:
@@ -40,21 +44,32 @@ def gather_mean(state: State, num_clients: int, group: dist.ProcessGroup | None 
     logistic model has one); ranks with fewer clients pad their share.
     """
     for value in state.values():
-        if not (isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating)):
-            continue
-        device = comm_device(torch.device("cpu"), group)
-        local = value.shape[0]
-        counts = [torch.zeros((), dtype=torch.int64, device=device) for _ in range(_size(group))]
-        dist.all_gather(counts, torch.tensor(local, dtype=torch.int64, device=device), group=group)
-        mine = torch.zeros((max(int(c) for c in counts), *value.shape[1:]), dtype=_as_tensor(value).dtype,
-                           device=device)
-        mine[:local] = torch.from_numpy(value).to(device)
-        rows = [torch.empty_like(mine) for _ in counts]
-        dist.all_gather(rows, mine, group=group)
-        every = torch.cat([r[: int(c)] for r, c in zip(rows, counts)]).cpu().numpy()
-        if every.shape[0] != num_clients:
-            raise RuntimeError(f"gathered {every.shape[0]} clients, expected {num_clients}")
-        value[...] = np.ascontiguousarray(every).mean(axis=0, keepdims=True)
+        if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating):
+            every = gather_rows(value, num_clients, group).cpu().numpy()
+            value[...] = np.ascontiguousarray(every).mean(axis=0, keepdims=True)
+
+
+def gather_rows(value: np.ndarray | torch.Tensor, num_clients: int, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Every rank's rows of a client-stacked array, in rank (= client) order, on every rank (CPU tensor)."""
+    device = comm_device(torch.device("cpu") if isinstance(value, np.ndarray) else value.device, group)
+    local = value.shape[0]
+    counts = [torch.zeros((), dtype=torch.int64, device=device) for _ in range(_size(group))]
+    dist.all_gather(counts, torch.tensor(local, dtype=torch.int64, device=device), group=group)
+    tensor = _as_tensor(value)
+    mine = torch.zeros((max(int(c) for c in counts), *value.shape[1:]), dtype=tensor.dtype, device=device)
+    mine[:local] = tensor.to(device)
+    rows = [torch.empty_like(mine) for _ in counts]
+    dist.all_gather(rows, mine, group=group)
+    every = torch.cat([r[: int(c)] for r, c in zip(rows, counts)]).cpu()
+    if every.shape[0] != num_clients:
+        raise RuntimeError(f"gathered {every.shape[0]} clients, expected {num_clients}")
+    return every
+
+
+def gather_clients(state: State, num_clients: int, group: dist.ProcessGroup | None = None) -> State:
+    """Every client's arrays, gathered from their ranks (to checkpoint per-client state)."""
+    return {k: (gather_rows(v, num_clients, group).numpy() if isinstance(v, np.ndarray)
+                else gather_rows(v, num_clients, group).to(v.device)) for k, v in state.items()}
 
 
 def allreduce_mean(state: State, num_clients: int, group: dist.ProcessGroup | None = None) -> None:
@@ -147,3 +162,37 @@ def is_finite(state: State) -> bool:
         elif torch.is_floating_point(value) and not bool(torch.isfinite(value).all()):
             return False
     return True
+
+
+# --------------------------------------------------------------------------- an outer step on the average
+
+
+@dataclass(frozen=True)
+class OuterNesterov:
+    """DiLoCo's outer optimizer (Douillard et al., 2023): SGD with Nesterov momentum on the averaged update.
+
+    Instead of replacing the model with the average, the pseudo-gradient Delta = x_start - average (the model
+    at the round's start minus the average of the clients' models at its end) takes one step:
+    m <- mu m + Delta; x <- x_start - lr_out (Delta + mu m) (Nesterov; without it, x_start - lr_out m).
+    lr_out = 1 and mu = 0 give plain averaging back. DiLoCo uses lr_out = 0.7, mu = 0.9. Only the parameters
+    take the step; buffers (BatchNorm statistics) are averaged as they are.
+    """
+
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+
+    def __post_init__(self) -> None:
+        if not (0 < self.lr < float("inf")):
+            raise ValueError(f"lr: the outer learning rate must be a positive finite number, got {self.lr!r}")
+        if not (0 <= self.momentum < 1):
+            raise ValueError(f"momentum: the outer momentum must be in [0, 1), got {self.momentum!r}")
+
+    def step(self, start: Array, averaged: Array, momentum: Array) -> None:
+        """In place: ``averaged`` becomes the outer step's new model, ``momentum`` its new buffer (NumPy arrays
+        or torch tensors alike)."""
+        delta = start - averaged
+        momentum *= self.momentum
+        momentum += delta
+        update = delta + self.momentum * momentum if self.nesterov else momentum
+        averaged[...] = start - self.lr * update

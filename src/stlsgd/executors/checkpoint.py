@@ -38,7 +38,8 @@ TMP_SUFFIX = ".tmp"
 
 # What the JSON side of a RunState must hold; a damaged file must fail here, not rounds later in the run.
 _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
-    "clients": dict, "sampler_state": dict, "cursor": dict, "anchor": (dict, type(None)), "bytes": int,
+    "clients": dict, "sampler_state": dict, "cursor": dict, "anchor": (dict, type(None)),
+    "control": (dict, type(None)), "control_mean": (dict, type(None)), "outer_momentum": (dict, type(None)), "bytes": int,
     "wall_s": (int, float), "last_eval_iteration": int, "status": str, "rounds_to_target": (int, type(None)),
     "iterations_to_target": (int, type(None)), "objective": (int, float, type(None)), "last": dict,
 }

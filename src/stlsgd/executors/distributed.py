@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from stlsgd.errors import ConfigError, StlsgdError
-from stlsgd.executors.averaging import comm_device, group_mean
+from stlsgd.executors.averaging import comm_device, gather_clients, group_mean
 from stlsgd.executors.simulator import STATUSES, RunState, Topology
 from stlsgd.problems.base import State
 
@@ -159,7 +159,8 @@ def make_topology(num_clients: int, group: dist.ProcessGroup | None = None) -> T
         state.objective = _bits_float(bits) if has_objective else None
         return bool(finished_i)
 
-    return Topology(clients=client_slice(num_clients, world, rank), is_root=rank == 0, average=average, agree=agree)
+    return Topology(clients=client_slice(num_clients, world, rank), is_root=rank == 0, average=average, agree=agree,
+                    gather=lambda state: gather_clients(state, num_clients, group))
 
 
 def _or_minus(value: int | None) -> int:

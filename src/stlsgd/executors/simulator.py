@@ -25,7 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from stlsgd.algorithms.plan import NO_FEEDBACK, Cursor, Feedback, Plan, Round
-from stlsgd.executors.averaging import copy_state, is_finite, mean_over_clients, model_bytes
+from stlsgd.executors.averaging import OuterNesterov, copy_state, is_finite, mean_over_clients, model_bytes
 from stlsgd.executors.sampling import Sampler
 from stlsgd.problems.base import FusedSyncSteps, Problem, State
 
@@ -71,6 +71,11 @@ class RunState:
     sampler_state: dict[str, Any]
     cursor: dict[str, Any] = field(default_factory=lambda: Cursor().to_dict())
     anchor: State | None = None
+    #: Drift correction: each client's control variate c_i (stacked like the parameters) and their mean c.
+    control: State | None = None
+    control_mean: State | None = None
+    #: The outer optimizer's momentum (one row), when the average takes an outer step.
+    outer_momentum: State | None = None
     bytes: int = 0
     wall_s: float = 0.0
     last_eval_iteration: int = 0
@@ -98,6 +103,23 @@ class RunState:
         return int(self.cursor["samples"])
 
 
+@dataclass(frozen=True)
+class RoundRule:
+    """How a round updates the model besides the plan's local steps.
+
+    ``drift``: SCAFFOLD's control variates (Karimireddy et al., ICML 2020, option II) correct each client's
+    steps by c - c_i; after the round c_i <- c_i - c + (x_start - y_i) / (sum of the round's learning rates),
+    and c becomes the mean of the c_i (sent with the model: a round's bytes double). ``outer``: the average
+    takes an outer optimizer step (:class:`~stlsgd.executors.averaging.OuterNesterov`) instead of replacing the
+    model.
+    """
+
+    drift: bool = False
+    outer: OuterNesterov | None = None
+
+
+PLAIN = RoundRule()
+
 # Sample ids drawn at once (8 MiB of int64): bounds memory whatever a round's length.
 SAMPLES_PER_CHUNK = 1 << 20
 
@@ -123,6 +145,8 @@ class Topology:
     is_root: bool = True
     average: Callable[[State], None] = mean_over_clients
     agree: Callable[[RunState, bool], bool] = _keep_verdict
+    #: Every client's rows of a per-client state (for checkpoints); the simulator already holds them.
+    gather: Callable[[State], State] = lambda state: state
 
     @property
     def holds_all(self) -> bool:
@@ -150,6 +174,7 @@ class _Loop:
     on_metrics: Callable[[dict[str, Any]], None] | None
     started: float
     num_clients: int
+    rule: RoundRule
 
     def feedback(self, state: RunState) -> Feedback:
         return Feedback(objective=state.objective) if self.plan.adaptive else NO_FEEDBACK
@@ -168,6 +193,7 @@ def run(
     progress: bool = True,
     topology: Topology = LOCAL,
     align: int | None = None,
+    rule: RoundRule = PLAIN,
 ) -> RunState:
     """Run ``plan`` from ``state`` until a stop rule fires; returns the final state (status set).
 
@@ -177,9 +203,14 @@ def run(
     every ``align`` rounds sees each of those rounds."""
     sampler.set_state(state.sampler_state)
     loop = _Loop(plan, problem, sampler, stop, topology, fstar, on_metrics, time.perf_counter() - state.wall_s,
-                 sampler.partition.num_clients)
-    per_round_bytes = 2 * loop.num_clients * model_bytes(state.clients)
-    fuse = topology.holds_all and isinstance(problem, FusedSyncSteps)
+                 sampler.partition.num_clients, rule)
+    if rule.drift and state.control is None:
+        zeros = {k: _zeros_like(state.clients[k]) for k in problem.param_names}
+        state.control, state.control_mean = zeros, {k: _zeros_like(v[:1]) for k, v in zeros.items()}
+    sent = model_bytes(state.clients) + (model_bytes(state.control) if state.control is not None else 0)
+    per_round_bytes = 2 * loop.num_clients * sent
+    # The fused kernel takes plain steps only; drift correction and outer steps act at every round's end.
+    fuse = topology.holds_all and isinstance(problem, FusedSyncSteps) and rule == PLAIN
     bar = tqdm(total=stop.max_iterations, initial=state.iteration, unit="it", disable=None if progress else True,
                leave=False, dynamic_ncols=True)
     rnd: Round | None = None
@@ -221,14 +252,42 @@ def run(
 
 
 def _local_round(loop: _Loop, rnd: Round, lrs: np.ndarray, state: RunState, prox: tuple[float, State] | None) -> None:
+    rule, params = loop.rule, loop.problem.param_names
+    # Clients are equal at a round's start: one row is the model x_start the round started from.
+    start = copy_state({k: state.clients[k][:1] for k in params}) if rule.drift or rule.outer else None
+    drift = None
+    if state.control is not None:
+        drift = {k: state.control_mean[k] - state.control[k] for k in params}
     # Late STL-SGD stages have rounds of 10^5-10^7 local steps: draw and step them in slices so the sample
     # matrix stays small. The generator fills draws in order, so slicing changes no sample.
     chunk = max(1, SAMPLES_PER_CHUNK // (loop.num_clients * rnd.batch))
     for first in range(0, rnd.steps, chunk):
         steps = min(chunk, rnd.steps - first)
         rows = loop.sampler.draw(steps, rnd.batch)[:, loop.topology.clients]
-        loop.problem.local_steps(state.clients, rows, lrs[first : first + steps], prox)
+        if drift is None:
+            loop.problem.local_steps(state.clients, rows, lrs[first : first + steps], prox)
+        else:
+            loop.problem.local_steps(state.clients, rows, lrs[first : first + steps], prox, drift)
+    if state.control is not None and start is not None:
+        total = float(np.sum(lrs))
+        for k in params:  # c_i <- c_i - c + (x_start - y_i) / sum(lr): that is, (x_start - y_i)/sum(lr) - delta_i
+            c = state.control[k]
+            c[...] = (start[k] - state.clients[k]) / total - drift[k]
+        mean = copy_state(state.control)
+        loop.topology.average(mean)  # the control variates travel with the model
+        state.control_mean = {k: v[:1] for k, v in mean.items()}
     loop.topology.average(state.clients)
+    if rule.outer is not None and start is not None:
+        if state.outer_momentum is None:
+            state.outer_momentum = {k: _zeros_like(start[k]) for k in params}
+        for k in params:
+            new = state.clients[k][:1].copy() if isinstance(start[k], np.ndarray) else state.clients[k][:1].clone()
+            rule.outer.step(start[k], new, state.outer_momentum[k])
+            state.clients[k][...] = new
+
+
+def _zeros_like(value: Any) -> Any:
+    return np.zeros_like(value) if isinstance(value, np.ndarray) else value.new_zeros(value.shape)
 
 
 def _groups(loop: _Loop, state: RunState, fuse: bool, align: int | None) -> Iterator[tuple[list[Round], Cursor]]:

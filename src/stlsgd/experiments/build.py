@@ -19,7 +19,8 @@ from stlsgd.algorithms import Plan, PlanContext
 from stlsgd.data import Dataset, Partition, load_dataset, make_partition, resolve_data_dir
 from stlsgd.data.partition import IID_MODES
 from stlsgd.errors import ConfigError
-from stlsgd.executors.simulator import StopRule
+from stlsgd.executors.averaging import OuterNesterov
+from stlsgd.executors.simulator import PLAIN, RoundRule, StopRule
 from stlsgd.experiments.config import Experiment
 from stlsgd.problems.logistic import LogisticRegression
 from stlsgd.problems.neural import NeuralNetProblem
@@ -37,6 +38,7 @@ class Built:
     data_dir: Path
     #: Hash of the loaded data and its partition: a checkpoint resumes only on the data it was made on.
     fingerprint: str
+    rule: RoundRule = PLAIN
 
 
 def cache_dir() -> Path:
@@ -54,6 +56,14 @@ def stop_rule(exp: Experiment, has_optimum: bool) -> StopRule:
         eval_every=r.eval_every,
         eval_every_iterations=r.eval_every_iterations,
     )
+
+
+def round_rule(exp: Experiment) -> RoundRule:
+    """Drift correction and the outer step of the config's method (local methods only)."""
+    alg = exp.algorithm
+    outer_lr = getattr(alg, "outer_lr", None)
+    return RoundRule(drift=getattr(alg, "drift", False),
+                     outer=None if outer_lr is None else OuterNesterov(lr=outer_lr, momentum=alg.outer_momentum))
 
 
 def plan_context(exp: Experiment, num_samples: int, lam: float | None) -> PlanContext:
@@ -133,4 +143,4 @@ def build(exp: Experiment, data_dir: str | None = None) -> Built:
     problem: LogisticRegression | NeuralNetProblem
     problem = net_problem(exp, dataset) if exp.problem.kind == "net" else logistic_problem(exp, dataset)
     plan = exp.algorithm.plan(plan_context(exp, dataset.n, problem.lam))
-    return Built(dataset, partition, problem, plan, directory, fingerprint(dataset, partition))
+    return Built(dataset, partition, problem, plan, directory, fingerprint(dataset, partition), round_rule(exp))

@@ -202,11 +202,6 @@ class RunDirectory:
                                          sha256=meta["metrics_sha256"])
         return Start(state, self.checkpoint_every)
 
-    def due(self, state: RunState) -> bool:
-        """Whether a checkpoint is due after this round (counted from the run's start, so a resumed run
-        checkpoints at the same rounds)."""
-        return bool(self.checkpoint_every) and state.status == "running" and state.round % self.checkpoint_every == 0
-
     def checkpoint(self, state: RunState) -> None:
         assert self.metrics is not None
         self.metrics.sync()

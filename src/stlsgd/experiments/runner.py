@@ -157,14 +157,26 @@ def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar
     topology = job.topology(n_clients)
     template = b.problem.init_state(1, exp.run.seed)
     own = len(range(n_clients)[topology.clients])
-    state = dataclasses.replace(start.state, clients=replicate(_like(template, start.state.clients), own),
-                                anchor=None if start.state.anchor is None else _like(template, start.state.anchor))
+    s = start.state
+
+    def like(values: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if values is None else _like(template, values)
+
+    # Clients are equal at a round boundary (one row came); control variates are per client (all rows came).
+    state = dataclasses.replace(s, clients=replicate(_like(template, s.clients), own), anchor=like(s.anchor),
+                                control=None if s.control is None else {
+                                    k: v[topology.clients] for k, v in like(s.control).items()},
+                                control_mean=like(s.control_mean), outer_momentum=like(s.outer_momentum))
     started = time.perf_counter() - state.wall_s
+    every = start.checkpoint_every
 
     def after_round(st: RunState, rnd: Any) -> str | None:
         verdict = on_round(st, rnd) if on_round is not None else None
-        if rundir is not None and not verdict and rundir.due(st):
-            rundir.checkpoint(_full(dataclasses.replace(st, wall_s=time.perf_counter() - started), n_clients))
+        # Every rank takes part (per-client control variates are gathered); rank 0 writes.
+        if every and not verdict and st.status == "running" and st.round % every == 0:
+            full = _full(dataclasses.replace(st, wall_s=time.perf_counter() - started), n_clients, topology)
+            if rundir is not None:
+                rundir.checkpoint(full)
         return verdict
 
     previous = distributed.exit_on_sigterm(lambda: _fault(
@@ -178,7 +190,7 @@ def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar
                 state = run(b.plan, b.problem, Sampler(b.partition, exp.run.seed), stop_rule(exp, fstar is not None),
                             state, fstar=fstar, on_metrics=rundir.metrics.write if rundir else None,
                             on_round=after_round, progress=progress and job.is_root, topology=topology,
-                            align=start.checkpoint_every)
+                            align=start.checkpoint_every, rule=b.rule)
     except Exception as exc:
         if isinstance(job, _Ranks) and distributed.is_comm_failure(exc):
             raise distributed.CollectiveFailure(_fault(job, state, "lost the process group", start.checkpoint_every,
@@ -187,10 +199,11 @@ def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+    full = _full(state, n_clients, topology)
     if rundir is None:
         return None
     summary = summarize(exp, state, b.plan.describe(), fstar, n_clients, job.backend)
-    rundir.finish(_full(state, n_clients), summary)
+    rundir.finish(full, summary)
     return summary
 
 
@@ -203,11 +216,13 @@ def _fault(job: _Ranks, state: RunState, what: str, every: int | None, out: Path
             f"longer than {timeout:g} s (${distributed.TIMEOUT_ENV}){cause}; {resume}")
 
 
-def _full(state: RunState, num_clients: int) -> RunState:
-    """The state as the simulator holds it, every client slot filled: what checkpoints store."""
+def _full(state: RunState, num_clients: int, topology: Topology) -> RunState:
+    """The state as the simulator holds it, every client slot filled: what checkpoints store. A collective
+    where the state has per-client control variates on several ranks."""
     if next(iter(state.clients.values())).shape[0] == num_clients:
         return state
-    return dataclasses.replace(state, clients=replicate(state.clients, num_clients))
+    control = None if state.control is None else topology.gather(state.control)
+    return dataclasses.replace(state, clients=replicate(state.clients, num_clients), control=control)
 
 
 def _like(template: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:

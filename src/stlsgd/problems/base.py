@@ -34,13 +34,19 @@ class Problem(Protocol):
     def init_state(self, num_clients: int, seed: int) -> State:
         """Every client starts from the same x_0 (Algorithm 1, 'Initialize')."""
 
+    #: The keys of the state that are parameters (the rest are buffers: averaged, never stepped).
+    param_names: list[str]
+
     def local_steps(
-        self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None
+        self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None,
+        drift: State | None = None,
     ) -> None:
         """Run ``len(lrs)`` local SGD steps in place on every client held in ``state``.
 
         ``rows[t, c, :]`` are the training-set rows of client c's mini-batch at step t. ``prox`` is
-        (1/gamma, anchor) for STL-SGD^nc's term 1/(2 gamma) ||x - x_s||^2, or None.
+        (1/gamma, anchor) for STL-SGD^nc's term 1/(2 gamma) ||x - x_s||^2, or None. ``drift`` is SCAFFOLD's
+        correction c - c_i of each client (stacked like the parameters), added to every stochastic gradient,
+        or None.
         """
 
     def evaluate(self, state: State) -> Evaluation:

@@ -96,8 +96,9 @@ def _margins(W, indptr, indices, data, table, rows, out):  # pragma: no cover
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _local_steps(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, n_blocks):  # pragma: no cover
-    """W[c] -= lr_t * (mini-batch loss gradient + lam W[c] + gamma_inv (W[c] - anchor)), every step t, client c.
+def _local_steps(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, delta, n_blocks):  # pragma: no cover
+    """W[c] -= lr_t * (mini-batch loss gradient + lam W[c] + gamma_inv (W[c] - anchor) + delta[c]), every step t,
+    client c (``delta`` None: no drift correction).
 
     Clients are independent between averages, so blocks of them run on numba's threads; each client's
     arithmetic is the same whatever the thread count, so results do not depend on it.
@@ -105,20 +106,25 @@ def _local_steps(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, 
     n_clients = W.shape[0]
     for block in numba.prange(n_blocks):
         first, last = block * n_clients // n_blocks, (block + 1) * n_clients // n_blocks
-        _client_block(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, first, last)
+        _client_block(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, first, last, delta)
 
 
 @numba.njit(cache=True, nogil=True)
-def _client_block(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, first, last):  # pragma: no cover
+def _client_block(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, first, last,
+                  delta=None):  # pragma: no cover
     """Clients first..last-1 of :func:`_local_steps`.
 
-    Without the proximal term the L2 shrink is kept as a per-client scale (W[c] = scale * V[c]), so a step
-    touches only the sampled rows' non-zeros instead of all d coordinates.
+    Without the proximal term the L2 shrink is kept as a per-client scale, and a drift correction delta[c]
+    (constant during a round) as a per-client multiple of it: W[c] = scale * V[c] + beta * delta[c]. A step
+    then touches only the sampled rows' non-zeros instead of all d coordinates: w' = (1 - lr lam) w - lr g -
+    lr delta gives scale' = (1 - lr lam) scale and beta' = (1 - lr lam) beta - lr. Without delta (compiled
+    apart, the branches below removed) the arithmetic is exactly that of plain local SGD.
     """
     d = W.shape[1]
     n_steps, _, batch = rows.shape
     coef = np.empty(batch)
     scale = np.ones(last - first)
+    beta = np.zeros(last - first)
     margins = np.empty((batch, last - first))
     # Steps outer, clients inner: the clients' independent updates let the CPU overlap their cache misses.
     for t in range(n_steps):
@@ -132,12 +138,20 @@ def _client_block(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv,
             sc = scale[c - first]
             for j in range(batch):
                 yr = y[rows[t, c, j]]
-                coef[j] = -yr * _sigmoid(-yr * margins[j, c - first] * sc) / batch
+                m = margins[j, c - first] * sc
+                if delta is not None:
+                    m += beta[c - first] * _dot(delta[c], indptr, indices, data, table, rows[t, c, j])
+                coef[j] = -yr * _sigmoid(-yr * m) / batch
             if gamma_inv > 0.0:
                 for q in range(d):
-                    w[q] -= lr * (lam * w[q] + gamma_inv * (w[q] - anchor[q]))
+                    if delta is not None:
+                        w[q] -= lr * (lam * w[q] + gamma_inv * (w[q] - anchor[q]) + delta[c, q])
+                    else:
+                        w[q] -= lr * (lam * w[q] + gamma_inv * (w[q] - anchor[q]))
             else:
                 sc *= shrink
+                if delta is not None:
+                    beta[c - first] = shrink * beta[c - first] - lr
                 if sc < 1e-100:
                     for q in range(d):
                         w[q] *= sc
@@ -146,6 +160,12 @@ def _client_block(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv,
             for j in range(batch):
                 _add(w, indptr, indices, data, table, rows[t, c, j], -(lr * coef[j] / sc))
     for c in range(first, last):
+        if delta is not None and beta[c - first] != 0.0:
+            b = beta[c - first]
+            s = scale[c - first]
+            for q in range(d):
+                W[c, q] = s * W[c, q] + b * delta[c, q]
+            continue
         if scale[c - first] != 1.0:
             for q in range(d):
                 W[c, q] *= scale[c - first]
@@ -245,19 +265,22 @@ class LogisticRegression:
         self.num_samples, self.dim = self.X.shape
         self.lam = 1.0 / self.num_samples if lam is None else float(lam)
         self.name = name
+        self.param_names = ["w"]
         self._fstar: float | None = None
         self._rows = _compact_rows(self.X)
 
     def init_state(self, num_clients: int, seed: int = 0) -> State:
         return {"w": np.zeros((num_clients, self.dim), dtype=np.float64)}
 
-    def local_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> None:
+    def local_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None,
+                    drift: State | None = None) -> None:
         W = state["w"]
         args = (W, *self._step_args(rows, lrs, prox))
+        delta = None if drift is None else np.ascontiguousarray(drift["w"], dtype=np.float64)
         if rows.size < _PARALLEL_SAMPLES:
-            _client_block(*args, 0, W.shape[0])
+            _client_block(*args, 0, W.shape[0], delta)
         else:
-            _local_steps(*args, min(numba.get_num_threads(), W.shape[0]))
+            _local_steps(*args, delta, min(numba.get_num_threads(), W.shape[0]))
 
     def sync_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> None:
         """``local_steps`` followed by the mean after every step, for clients that start equal (k = 1): the

@@ -126,7 +126,8 @@ class NeuralNetProblem:
         stats, self._sink = self._sink, {}
         return F.cross_entropy(logits, yb), stats
 
-    def local_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> None:
+    def local_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None,
+                    drift: State | None = None) -> None:
         """``len(lrs)`` plain SGD steps on every client in ``state``; step t uses rows ``rows[t, c, :]``.
 
         With ``prox = (1/gamma, anchor)`` each step descends f + 1/(2 gamma)||x - x_s||^2 (Algorithm 3),
@@ -139,6 +140,7 @@ class NeuralNetProblem:
         params = [state[n] for n in self.param_names]
         gamma_inv, anchor = (0.0, None) if prox is None else (float(prox[0]), [prox[1][n] for n in self.param_names])
         bufs = [state[_MOMENTUM_PREFIX + n] for n in self.param_names] if self.momentum else None
+        corrections = None if drift is None else [drift[n] for n in self.param_names]
         with torch.no_grad():
             for t, lr in enumerate(np.asarray(lrs, dtype=np.float64)):
                 idx = rows_t[t]
@@ -149,6 +151,8 @@ class NeuralNetProblem:
                 if anchor is not None and gamma_inv > 0.0:
                     # d/dx of 1/(2 gamma)||x - x_s||^2 = (x - x_s)/gamma
                     torch._foreach_add_(g, torch._foreach_sub(params, anchor), alpha=gamma_inv)
+                if corrections is not None:  # SCAFFOLD: g - c_i + c
+                    torch._foreach_add_(g, corrections)
                 if bufs is not None:
                     torch._foreach_mul_(bufs, self.momentum)
                     torch._foreach_add_(bufs, g)
