@@ -25,8 +25,14 @@ def main(mode: str, out: str, config: str, overrides: list[str]) -> int:
     rank = int(os.environ["RANK"])
     if mode == "trace":
         rows: list[np.ndarray] = []
-        run_experiment(exp, Path(out) / "run", backend="dist", progress=False,
-                       on_round=lambda st, rnd: rows.append(st.clients["w"].copy()))
+
+        def record(st, rnd) -> None:
+            rows.append(st.clients["w"].copy())
+            if st.control is not None:  # drift correction: this rank's control variates too
+                rows.append(st.control["w"].copy())
+
+        run_experiment(exp, Path(out) / "run", backend="dist", progress=False, on_round=record,
+                       checkpoint_every=4)
         np.savez(Path(out) / f"trace_rank{rank}.npz", *rows)
         return 0
     assert mode == "kill-before-summary"

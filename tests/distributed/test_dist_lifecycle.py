@@ -54,6 +54,36 @@ def test_simulator_and_1_2_4_ranks_average_to_the_same_bits_after_every_round(tm
     assert np.abs(w).max() > 0.1
 
 
+def test_drift_correction_and_the_outer_step_under_torchrun_are_the_simulators_bits(tmp_path: Path) -> None:
+    # 5 clients on 2 ranks (3 + 2): the control variates are per client, gathered for the checkpoints.
+    config = tmp_path / "c.toml"
+    config.write_text('name = "d"\n[data]\ndataset = "digits49"\nnum_clients = 5\npartition = "noniid"\n'
+                      '[algorithm]\nmethod = "local_sgd"\nlr = 0.5\nlr_decay = 0.02\nk = 4\ndrift = true\n'
+                      'outer_lr = 0.7\n[run]\ntarget_gap = "none"\nmax_rounds = 15\n')
+    sim: list[np.ndarray] = []
+
+    def record(st, rnd) -> None:
+        sim.extend([st.clients["w"].copy(), st.control["w"].copy()])
+
+    run_experiment(load_config(config), tmp_path / "sim", progress=False, checkpoint_every=4, on_round=record)
+    out = tmp_path / "dist"
+    out.mkdir()
+    _torchrun(2, WORKER, "trace", out, config)
+    for rank, rows in ((0, slice(0, 3)), (1, slice(3, 5))):
+        with np.load(out / f"trace_rank{rank}.npz") as trace:
+            got = [trace[f"arr_{i}"] for i in range(len(trace.files))]
+        assert len(got) == len(sim) == 30
+        for i, (g, want) in enumerate(zip(got, sim)):
+            assert np.array_equal(g, want[rows]), (rank, i // 2, "model" if i % 2 == 0 else "control")
+    # The final checkpoints hold every client's control variate: the same file content either way.
+    from stlsgd.executors.checkpoint import load_checkpoint
+
+    d_state, _ = load_checkpoint(out / "run" / "checkpoint")
+    s_state, _ = load_checkpoint(tmp_path / "sim" / "checkpoint")
+    assert np.array_equal(d_state.control["w"], s_state.control["w"])
+    assert np.array_equal(d_state.outer_momentum["w"], s_state.outer_momentum["w"])
+
+
 def _strip_wall(path: Path) -> list[dict]:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     for line in lines:

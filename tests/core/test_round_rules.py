@@ -1,0 +1,128 @@
+"""Drift correction (SCAFFOLD, option II) and the outer step (DiLoCo) against plain NumPy loops written from
+their papers, and their checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stlsgd.algorithms import LocalSGD
+from stlsgd.data import load_dataset, make_partition
+from stlsgd.executors.averaging import OuterNesterov
+from stlsgd.executors.sampling import Sampler
+from stlsgd.executors.simulator import RoundRule, StopRule, init_run_state, run
+from stlsgd.experiments.config import Experiment
+from stlsgd.experiments.runner import run_experiment
+from stlsgd.problems.logistic import LogisticRegression
+
+
+@pytest.fixture(scope="module")
+def digits():
+    ds = load_dataset("digits49")
+    return ds, LogisticRegression(ds.X, ds.y)
+
+
+def _grad(X: np.ndarray, y: np.ndarray, lam: float, w: np.ndarray, r: int) -> np.ndarray:
+    return -y[r] / (1 + np.exp(y[r] * X[r] @ w)) * X[r] + lam * w
+
+
+def test_one_drift_round_by_hand() -> None:
+    # Two clients, one feature, one sample each, lam = 0; c_1 = 1, c_2 = -1 (so c = 0), lr 0.5 then 0.25 in the
+    # round (the lr changes mid-round). Client 1 samples x = 1, y = +1 twice from w = 0:
+    #   g = -1/(1 + e^0) = -0.5;        w1 = 0 - 0.5 (-0.5 - 1 + 0) = 0.75
+    #   g = -1/(1 + e^0.75) = -0.32082;  w2 = 0.75 - 0.25 (-0.32082 - 1) = 1.080205
+    # and its control variate becomes c_1 - c + (x_start - y)/(0.5 + 0.25) = 1 - 0 + (0 - 1.080205)/0.75.
+    import scipy.sparse as sp
+
+    problem = LogisticRegression(sp.csr_matrix(np.array([[1.0], [1.0]])), np.array([1.0, 1.0]), lam=1e-300)
+    state = problem.init_state(2)
+    rows = np.array([[[0], [1]], [[0], [1]]])
+    lrs = np.array([0.5, 0.25])
+    drift = {"w": np.array([[0.0 - 1.0], [0.0 + 1.0]])}  # c - c_i
+    problem.local_steps(state, rows, lrs, None, drift)
+    g2 = -1.0 / (1.0 + np.exp(0.75))
+    assert state["w"][0, 0] == pytest.approx(0.75 - 0.25 * (g2 - 1.0), rel=1e-14)
+    assert state["w"][0, 0] == pytest.approx(1.0802045, rel=1e-6)
+    g2b = -1.0 / (1.0 + np.exp(-0.25))  # client 2: 0 - 0.5 (-0.5 + 1) = -0.25, then its second step
+    assert state["w"][1, 0] == pytest.approx(-0.25 - 0.25 * (g2b + 1.0), rel=1e-14)
+
+
+def _scaffold_reference(ds, problem, partition, plan, rounds: int, seed: int, outer: OuterNesterov | None):
+    """SCAFFOLD option II with full participation (and optionally DiLoCo's outer step), one client at a time."""
+    X, y, lam = ds.X.toarray(), ds.y, problem.lam
+    n_clients, d = partition.num_clients, X.shape[1]
+    sampler = Sampler(partition, seed)
+    x = np.zeros(d)
+    c_i = np.zeros((n_clients, d))
+    c = np.zeros(d)
+    m = np.zeros(d)
+    for rnd in plan.rounds():
+        if rnd.index == rounds:
+            break
+        rows = sampler.draw(rnd.steps, rnd.batch)
+        lrs = rnd.learning_rates()
+        ys = np.tile(x, (n_clients, 1))
+        for t, lr in enumerate(lrs):
+            for i in range(n_clients):
+                ys[i] -= lr * (_grad(X, y, lam, ys[i], rows[t, i, 0]) - c_i[i] + c)
+        c_i = c_i - c + (x - ys) / lrs.sum()
+        c = c_i.mean(axis=0)
+        avg = ys.mean(axis=0)
+        if outer is None:
+            x = avg
+        else:
+            delta = x - avg
+            m = outer.momentum * m + delta
+            x = x - outer.lr * (delta + outer.momentum * m)
+    return x
+
+
+@pytest.mark.parametrize("outer", [None, OuterNesterov(lr=0.7, momentum=0.9)], ids=["drift", "drift+outer"])
+def test_the_round_loop_is_scaffold_and_diloco(digits, outer: OuterNesterov | None) -> None:
+    ds, problem = digits
+    partition = make_partition(ds.y, 4, "noniid", seed=0, s=0)
+    plan = LocalSGD(lr=0.5, k=5, lr_decay=0.05)  # the lr changes within every round
+    sampler = Sampler(partition, 7)
+    state = run(plan, problem, sampler, StopRule(max_rounds=6), init_run_state(problem, sampler, 4, 7),
+                progress=False, rule=RoundRule(drift=True, outer=outer))
+    want = _scaffold_reference(ds, problem, partition, plan, 6, 7, outer)
+    np.testing.assert_allclose(state.clients["w"][0], want, rtol=1e-10, atol=1e-13)
+    assert np.abs(state.control["w"]).max() > 1e-3  # the control variates are doing something
+    assert state.bytes == 6 * 2 * 4 * 64 * 8 * 2  # a round sends the model and the control variate
+
+
+def test_the_first_drift_round_is_plain_local_sgd(digits) -> None:
+    ds, problem = digits
+    partition = make_partition(ds.y, 4, "split", seed=0)
+    plan = LocalSGD(lr=0.5, k=5)
+    out = []
+    for rule in (RoundRule(), RoundRule(drift=True)):
+        sampler = Sampler(partition, 1)
+        out.append(run(plan, problem, sampler, StopRule(max_rounds=1), init_run_state(problem, sampler, 4, 1),
+                       progress=False, rule=rule).clients["w"])
+    assert np.array_equal(out[0], out[1])  # c = c_i = 0 at the start
+
+
+def test_stl_with_drift_grows_k_by_two_and_resumes_across_a_period_change_bit_for_bit(tmp_path: Path) -> None:
+    exp = Experiment.model_validate({
+        "data": {"dataset": "digits49", "num_clients": 6, "partition": "noniid", "s": 20},
+        "algorithm": {"method": "stl_sc", "lr": 0.5, "k": 3, "T1": 24, "drift": True,
+                      "outer_lr": 0.8, "outer_momentum": 0.5},
+        "run": {"target_gap": "none", "max_rounds": 40, "eval_every": 2},
+    })
+    whole = run_experiment(exp, tmp_path / "whole", progress=False, checkpoint_every=5)
+    assert whole["plan"]["iid"] is True  # the Non-IID partition would give x sqrt 2 without drift correction
+    assert whole["bytes_per_client"] == 40 * 64 * 8 * 2
+
+    def interrupt(state, rnd) -> None:
+        if state.round == 12:  # stage 2 (period 6) began at round 8; the checkpoint of round 10 is in it
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(exp, tmp_path / "cut", progress=False, checkpoint_every=5, on_round=interrupt)
+    run_experiment(exp, tmp_path / "cut", progress=False, resume=True)
+    with np.load(tmp_path / "whole" / "final_params.npz") as a, np.load(tmp_path / "cut" / "final_params.npz") as b:
+        assert np.array_equal(a["w"], b["w"])
+    assert (tmp_path / "whole" / "metrics.jsonl").read_text().count("\n") == 20
