@@ -1,4 +1,4 @@
-"""Command line: ``stlsgd run | demo | sweep | report | methods | data``.
+"""Command line: ``stlsgd run | demo | sweep | report | suggest | methods | data``.
 
 User mistakes (bad config, bad data, missing files, a full or read-only disk) print one line
 ``stlsgd: error: ...`` and exit with status 2; ``--debug`` shows the traceback instead.
@@ -55,6 +55,19 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     for path in write_report([Path(d) for d in args.dirs], Path(args.out), args.prefix):
         print(path)
+    return 0
+
+
+def _cmd_suggest(args: argparse.Namespace) -> int:
+    from stlsgd.experiments.build import build
+    from stlsgd.experiments.config import load_config
+    from stlsgd.experiments.suggest import estimates_for, propose, report
+
+    exp = load_config(args.config, args.set)
+    if getattr(exp.algorithm, "auto", False):  # the estimates come from the data, whatever the method's fields
+        exp = exp.model_copy(update={"algorithm": exp.algorithm.model_copy(update={"auto": False})})
+    estimates = estimates_for(build(exp, args.data_dir))
+    print(report(estimates, propose(estimates)))
     return 0
 
 
@@ -125,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="report", help="output directory (default ./report)")
     p.add_argument("--prefix", default="table", help="file name prefix (default: table)")
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("suggest", help="estimate L, mu, sigma^2 and zeta^2 of a config's problem; propose STL-SGD "
+                                      "settings (what algorithm.auto = true runs)")
+    p.add_argument("config", help="experiment config (.toml or .yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
+    p.add_argument("--data-dir", help="data directory (default $STLSGD_DATA or the user cache)")
+    p.set_defaults(func=_cmd_suggest)
 
     p = sub.add_parser("methods", help="the registered methods and their [algorithm] fields")
     p.set_defaults(func=_cmd_methods)

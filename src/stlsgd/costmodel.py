@@ -21,7 +21,6 @@ import math
 import numbers
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from stlsgd.errors import StlsgdError
+from stlsgd.files import write_json_atomic
 
 PROFILE_FORMAT = "stlsgd-network-profile"
 PROFILE_VERSION = 1
@@ -171,18 +171,9 @@ def write_profile(path: str | Path, network: Network, problem_identity: Mapping[
     doc = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "problem": dict(problem_identity),
            "latency_s": network.latency_s, "bandwidth_Bps": network.bandwidth_Bps, "step_s": network.step_s,
            "measured": dict(measured)}
-    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"  # strict JSON: other tools read it too
     path = Path(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; a profile is meant to be shared
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_json_atomic(path, doc)
     except OSError as err:
         raise StlsgdError(f"{path}: cannot write the profile ({err.strerror or err})") from None
 

@@ -120,7 +120,8 @@ def _assert_same_run(dist_out: Path, sim_out: Path) -> None:
     assert d["backend"]["executor"] == "dist" and s["backend"] == {"executor": "sim"}
     dm, sm = _lines(dist_out / "metrics.jsonl"), _lines(sim_out / "metrics.jsonl")
     for m in dm + sm:
-        m.pop("wall_s")
+        for key in ("wall_s", "compute_s", "comm_s"):
+            m.pop(key)
     assert dm == sm
     with np.load(dist_out / "final_params.npz") as dp, np.load(sim_out / "final_params.npz") as sp:
         assert dp.files == sp.files

@@ -22,9 +22,9 @@ from stlsgd.experiments.config import load_config
 from stlsgd.experiments.rundir import CHECKPOINT_FILE, FINAL_PARAMS_FILE, LOCK_FILE, METRICS_FILE, SUMMARY_FILE
 from stlsgd.experiments.runner import run_experiment
 
-# wall_s is the only field that measures time; it is the last key of every metrics line, so deleting its text
-# leaves every other byte of the line to compare exactly.
-WALL = re.compile(rb', "wall_s": [-+0-9.eE]+\}\n')
+# compute_s, comm_s and wall_s are the fields that measure time; they end every metrics line, so deleting their
+# text leaves every other byte of the line to compare exactly.
+WALL = re.compile(rb', "compute_s": [-+0-9.eE]+, "comm_s": [-+0-9.eE]+, "wall_s": [-+0-9.eE]+\}\n')
 
 
 def without_wall(metrics: bytes) -> bytes:
@@ -42,8 +42,9 @@ def assert_same_run(a: Path, b: Path) -> None:
     assert without_wall((a / METRICS_FILE).read_bytes()) == without_wall((b / METRICS_FILE).read_bytes())
     sa, sb = (json.loads((d / SUMMARY_FILE).read_text()) for d in (a, b))
     for s in (sa, sb):
-        s.pop("wall_s")
-        s["final"].pop("wall_s", None)
+        for key in ("wall_s", "compute_s", "comm_s"):
+            s.pop(key)
+            s["final"].pop(key, None)
     assert sa == sb
 
 

@@ -100,6 +100,15 @@ class STLSCConfig(_Stagewise):
 
     method: Literal["stl_sc"] = "stl_sc"
     lr_T1: float = Field(1.0, gt=0, description="eta_1 T_1 = lr_T1 / lambda when T1 is unset (the paper: 1)")
+    auto: bool = Field(False, description="lr, k, T1 and drift from the data's estimated constants "
+                                          "(stlsgd suggest); no grid")
+
+    @model_validator(mode="after")
+    def _auto_alone(self) -> STLSCConfig:
+        given = sorted(set(self.model_fields_set) & {"lr", "k", "T1", "T1_epochs", "lr_T1", "drift"})
+        if self.auto and given:
+            raise ValueError(f"auto: sets {', '.join(given)} itself; remove {'it' if len(given) == 1 else 'them'}")
+        return self
 
     def plan(self, ctx: PlanContext) -> Plan:
         T1 = first_stage_iterations(self.T1, self.T1_epochs, self.batch, ctx)

@@ -95,6 +95,9 @@ class DatasetSpec:
     load: Callable[[Path], Dataset]
     description: str
     fetchable: bool = True
+    #: What a model needs to know without loading the data: d of a binary set, (channels, side, classes) of images.
+    features: int | None = None
+    image: tuple[int, int, int] | None = None
 
 
 def _svm(name: str, rel: str, n_features: int) -> Callable[[Path], Dataset]:
@@ -119,25 +122,31 @@ def _mnist49_test(root: Path) -> Dataset:
 DATASETS: dict[str, DatasetSpec] = {
     s.name: s
     for s in (
-        DatasetSpec("a9a", ("a9a/a9a.gz",), _svm("a9a", "a9a/a9a.gz", 123), "UCI Adult, 32,561 x 123, binary"),
+        DatasetSpec("a9a", ("a9a/a9a.gz",), _svm("a9a", "a9a/a9a.gz", 123), "UCI Adult, 32,561 x 123, binary",
+                    features=123),
         DatasetSpec("a9a-test", ("a9a/a9a.t.gz",), _svm("a9a-test", "a9a/a9a.t.gz", 123), "a9a test split, 16,281 x 123"),
         DatasetSpec("mnist49", (_TRAIN_IMG, _TRAIN_LBL),
-                    lambda r: readers.mnist_binary(r / _TRAIN_IMG, r / _TRAIN_LBL), "MNIST train digits 4 vs 9, 11,791 x 784"),
+                    lambda r: readers.mnist_binary(r / _TRAIN_IMG, r / _TRAIN_LBL), "MNIST train digits 4 vs 9, 11,791 x 784",
+                    features=784),
         DatasetSpec("mnist49-test", (_TEST_IMG, _TEST_LBL), _mnist49_test, "MNIST test digits 4 vs 9, 1,991 x 784"),
         DatasetSpec("mnist10", (_TRAIN_IMG, _TRAIN_LBL),
-                    lambda r: readers.mnist10(r / _TRAIN_IMG, r / _TRAIN_LBL), "MNIST train, 60,000 x 1x28x28, 10 classes"),
+                    lambda r: readers.mnist10(r / _TRAIN_IMG, r / _TRAIN_LBL), "MNIST train, 60,000 x 1x28x28, 10 classes",
+                    image=(1, 28, 10)),
         DatasetSpec("mnist10-test", (_TEST_IMG, _TEST_LBL), _mnist10_test, "MNIST test, 10,000 x 1x28x28"),
-        DatasetSpec("digits49", (), lambda r: readers.digits_binary(4, 9), "scikit-learn digits 4 vs 9, 361 x 64 (embedded)"),
-        DatasetSpec("w8a", ("w8a/w8a.gz",), _svm("w8a", "w8a/w8a.gz", 300), "LIBSVM w8a, 49,749 x 300, binary"),
+        DatasetSpec("digits49", (), lambda r: readers.digits_binary(4, 9), "scikit-learn digits 4 vs 9, 361 x 64 (embedded)",
+                    features=64),
+        DatasetSpec("w8a", ("w8a/w8a.gz",), _svm("w8a", "w8a/w8a.gz", 300), "LIBSVM w8a, 49,749 x 300, binary",
+                    features=300),
         DatasetSpec("w8a-test", ("w8a/w8a.t.gz",), _svm("w8a-test", "w8a/w8a.t.gz", 300), "w8a test split, 14,951 x 300"),
         DatasetSpec("mushrooms", ("mushrooms/mushrooms.gz",), _svm("mushrooms", "mushrooms/mushrooms.gz", 112),
-                    "UCI Mushroom, 8,124 x 112, binary"),
+                    "UCI Mushroom, 8,124 x 112, binary", features=112),
         DatasetSpec("cifar10", tuple(f"{_CIFAR_DIR}/{b}" for b in readers.CIFAR10_TRAIN_BATCHES),
-                    lambda r: readers.cifar10_pickle(r / _CIFAR_DIR), "CIFAR-10 train, 50,000 x 3x32x32"),
+                    lambda r: readers.cifar10_pickle(r / _CIFAR_DIR), "CIFAR-10 train, 50,000 x 3x32x32",
+                    image=(3, 32, 10)),
         DatasetSpec("cifar10-test", (f"{_CIFAR_DIR}/test_batch",), _cifar_test, "CIFAR-10 test, 10,000 x 3x32x32"),
         DatasetSpec("cifar10-png200", (f"{_PNG200}/trainLabels.csv",),
                     lambda r: readers.cifar10_png(r / _PNG200 / "train", r / _PNG200 / "trainLabels.csv", name="cifar10-png200"),
-                    "first 200 CIFAR-10 train images as PNG (Kaggle layout)", fetchable=False),
+                    "first 200 CIFAR-10 train images as PNG (Kaggle layout)", fetchable=False, image=(3, 32, 10)),
     )
 }
 

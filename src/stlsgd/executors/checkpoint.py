@@ -40,7 +40,7 @@ TMP_SUFFIX = ".tmp"
 _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "clients": dict, "sampler_state": dict, "cursor": dict, "anchor": (dict, type(None)),
     "control": (dict, type(None)), "control_mean": (dict, type(None)), "outer_momentum": (dict, type(None)), "bytes": int,
-    "wall_s": (int, float), "last_eval_iteration": int, "status": str, "rounds_to_target": (int, type(None)),
+    "wall_s": (int, float), "compute_s": (int, float), "comm_s": (int, float), "last_eval_iteration": int, "status": str, "rounds_to_target": (int, type(None)),
     "iterations_to_target": (int, type(None)), "objective": (int, float, type(None)), "last": dict,
 }
 

@@ -78,6 +78,9 @@ class RunState:
     outer_momentum: State | None = None
     bytes: int = 0
     wall_s: float = 0.0
+    #: Measured seconds in local steps and in averaging (communication on torch.distributed), cumulative.
+    compute_s: float = 0.0
+    comm_s: float = 0.0
     last_eval_iteration: int = 0
     status: str = "running"
     rounds_to_target: int | None = None
@@ -226,7 +229,9 @@ def run(
             prox = None if first.prox_gamma is None else (1.0 / first.prox_gamma, state.anchor)
             if len(group) > 1:
                 lrs = np.concatenate([g.learning_rates() for g in group])
+                started = time.perf_counter()
                 problem.sync_steps(state.clients, sampler.draw(len(group), rnd.batch), lrs, prox)
+                state.compute_s += time.perf_counter() - started
             else:
                 lrs = rnd.learning_rates()
                 _local_round(loop, rnd, lrs, state, prox)
@@ -261,6 +266,7 @@ def _local_round(loop: _Loop, rnd: Round, lrs: np.ndarray, state: RunState, prox
     # Late STL-SGD stages have rounds of 10^5-10^7 local steps: draw and step them in slices so the sample
     # matrix stays small. The generator fills draws in order, so slicing changes no sample.
     chunk = max(1, SAMPLES_PER_CHUNK // (loop.num_clients * rnd.batch))
+    started = time.perf_counter()
     for first in range(0, rnd.steps, chunk):
         steps = min(chunk, rnd.steps - first)
         rows = loop.sampler.draw(steps, rnd.batch)[:, loop.topology.clients]
@@ -268,6 +274,8 @@ def _local_round(loop: _Loop, rnd: Round, lrs: np.ndarray, state: RunState, prox
             loop.problem.local_steps(state.clients, rows, lrs[first : first + steps], prox)
         else:
             loop.problem.local_steps(state.clients, rows, lrs[first : first + steps], prox, drift)
+    averaging = time.perf_counter()
+    state.compute_s += averaging - started
     if state.control is not None and start is not None:
         total = float(np.sum(lrs))
         for k in params:  # c_i <- c_i - c + (x_start - y_i) / sum(lr): that is, (x_start - y_i)/sum(lr) - delta_i
@@ -284,6 +292,7 @@ def _local_round(loop: _Loop, rnd: Round, lrs: np.ndarray, state: RunState, prox
             new = state.clients[k][:1].copy() if isinstance(start[k], np.ndarray) else state.clients[k][:1].clone()
             rule.outer.step(start[k], new, state.outer_momentum[k])
             state.clients[k][...] = new
+    state.comm_s += time.perf_counter() - averaging
 
 
 def _zeros_like(value: Any) -> Any:
@@ -372,6 +381,8 @@ def _record(loop: _Loop, rnd: Round, lr: float, state: RunState) -> dict[str, An
         "epochs": state.client_steps * loop.num_clients / loop.problem.num_samples,
         "bytes": state.bytes,
         "bytes_per_client": state.bytes // (2 * loop.num_clients),
+        "compute_s": round(state.compute_s, 6),
+        "comm_s": round(state.comm_s, 6),
         "wall_s": round(time.perf_counter() - loop.started, 6),
     }
     state.last_eval_iteration = state.iteration

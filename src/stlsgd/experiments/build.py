@@ -6,6 +6,7 @@ its output directory.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import numpy as np
 import platformdirs
 import scipy.sparse as sp
 
-from stlsgd.algorithms import Plan, PlanContext
+from stlsgd.algorithms import MethodConfig, Plan, PlanContext
 from stlsgd.data import Dataset, Partition, load_dataset, make_partition, resolve_data_dir
 from stlsgd.data.partition import IID_MODES
 from stlsgd.errors import ConfigError
@@ -39,6 +40,8 @@ class Built:
     #: Hash of the loaded data and its partition: a checkpoint resumes only on the data it was made on.
     fingerprint: str
     rule: RoundRule = PLAIN
+    #: The method's settings as run (``algorithm.auto`` resolved).
+    algorithm: MethodConfig | None = None
 
 
 def cache_dir() -> Path:
@@ -58,9 +61,8 @@ def stop_rule(exp: Experiment, has_optimum: bool) -> StopRule:
     )
 
 
-def round_rule(exp: Experiment) -> RoundRule:
+def round_rule(alg: MethodConfig) -> RoundRule:
     """Drift correction and the outer step of the config's method (local methods only)."""
-    alg = exp.algorithm
     outer_lr = getattr(alg, "outer_lr", None)
     return RoundRule(drift=getattr(alg, "drift", False),
                      outer=None if outer_lr is None else OuterNesterov(lr=outer_lr, momentum=alg.outer_momentum))
@@ -118,6 +120,26 @@ def _memory_bytes() -> int | None:
         return None
 
 
+def model_bytes_for(exp: Experiment) -> int | None:
+    """Bytes of one client's model (what it sends a round, drift correction's control variate aside), known
+    without loading the data for the named datasets; None for a dataset stlsgd does not know (a file)."""
+    from stlsgd.data import DATASETS
+
+    spec = DATASETS.get(exp.data.dataset)
+    if spec is None:
+        return None
+    if exp.problem.kind == "logistic":
+        return None if spec.features is None else 8 * spec.features
+    if spec.image is None:
+        return None
+    from stlsgd.problems.nets import make_model
+
+    channels, side, classes = spec.image
+    model = make_model(exp.problem.model, channels, classes, side)
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]
+               if t.is_floating_point())
+
+
 def fingerprint(dataset: Dataset, partition: Partition) -> str:
     """BLAKE2 hash of the loaded rows, labels and partition (a second or less on the paper's datasets)."""
     h = hashlib.blake2b(digest_size=16)
@@ -142,5 +164,17 @@ def build(exp: Experiment, data_dir: str | None = None) -> Built:
         raise ConfigError(f"data.{err}") from None
     problem: LogisticRegression | NeuralNetProblem
     problem = net_problem(exp, dataset) if exp.problem.kind == "net" else logistic_problem(exp, dataset)
-    plan = exp.algorithm.plan(plan_context(exp, dataset.n, problem.lam))
-    return Built(dataset, partition, problem, plan, directory, fingerprint(dataset, partition), round_rule(exp))
+    return with_plan(exp, Built(dataset, partition, problem, None, directory, fingerprint(dataset, partition)))
+
+
+def with_plan(exp: Experiment, built: Built) -> Built:
+    """``built`` with the plan and round rule of ``exp``'s method; ``algorithm.auto`` settles its settings from
+    the data first (:mod:`stlsgd.experiments.suggest`), and ``built.algorithm`` records what ran."""
+    alg = exp.algorithm
+    if getattr(alg, "auto", False):
+        from stlsgd.experiments.suggest import estimates_for, propose
+
+        proposal = propose(estimates_for(built))
+        alg = alg.model_copy(update={k: proposal[k] for k in ("lr", "T1", "k", "drift", "iid")} | {"auto": False})
+    plan = alg.plan(plan_context(exp, built.dataset.n, built.problem.lam))
+    return dataclasses.replace(built, plan=plan, rule=round_rule(alg), algorithm=alg)

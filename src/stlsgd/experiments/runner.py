@@ -202,7 +202,7 @@ def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar
     full = _full(state, n_clients, topology)
     if rundir is None:
         return None
-    summary = summarize(exp, state, b.plan.describe(), fstar, n_clients, job.backend)
+    summary = summarize(exp, state, b, fstar, n_clients, job.backend)
     rundir.finish(full, summary)
     return summary
 
@@ -239,9 +239,10 @@ def _like(template: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def summarize(exp: Experiment, state: RunState, plan_desc: dict[str, Any], fstar: float | None, num_clients: int,
+def summarize(exp: Experiment, state: RunState, built: Built, fstar: float | None, num_clients: int,
               backend: dict[str, Any]) -> dict[str, Any]:
-    """summary.json: the outcome, what the run computed and communicated, the last metrics and the plan."""
+    """summary.json: the outcome, what the run computed and communicated, the last metrics, the plan and the
+    round rule as run."""
     return {
         "name": exp.name,
         "method": exp.algorithm.method,
@@ -255,8 +256,12 @@ def summarize(exp: Experiment, state: RunState, plan_desc: dict[str, Any], fstar
         "bytes": state.bytes,
         "bytes_per_client": state.bytes // (2 * num_clients),
         "wall_s": round(state.wall_s, 3),
+        "compute_s": round(state.compute_s, 3),
+        "comm_s": round(state.comm_s, 3),
         "fstar": fstar,
         "final": state.last,
-        "plan": plan_desc,
+        "plan": built.plan.describe(),
+        "rule": {"drift": built.rule.drift,
+                 "outer": None if built.rule.outer is None else dataclasses.asdict(built.rule.outer)},
         "backend": backend,
     }

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stlsgd.experiments.build import Built, build, plan_context, round_rule
+from stlsgd.experiments.build import Built, build, with_plan
 from stlsgd.experiments.config import Experiment
 from stlsgd.threads import share_cores
 
@@ -48,10 +48,7 @@ def _built_for(exp: Experiment) -> Built:
     ident = json.dumps([exp.data.model_dump(mode="json"), exp.problem.model_dump(mode="json")], sort_keys=True)
     if ident not in _BUILT:
         _BUILT[ident] = build(exp, _DATA_DIR)
-    cached = _BUILT[ident]
-    plan = exp.algorithm.plan(plan_context(exp, cached.dataset.n, cached.problem.lam))
-    return Built(cached.dataset, cached.partition, cached.problem, plan, cached.data_dir, cached.fingerprint,
-                 round_rule(exp))
+    return with_plan(exp, _BUILT[ident])
 
 
 def execute(task: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,130 @@
+"""Tuning-free STL-SGD^sc: the constants of the paper's theory estimated from the data, and a proposal.
+
+``stlsgd suggest CONFIG`` estimates, for the config's logistic problem (Eq. 8) and partition:
+
+- L: the largest eigenvalue of the Hessian at x_0 = 0, X^T X / (4n) + lambda I, by power iteration; and
+  L_max = max_i ||x_i||^2 / 4 + lambda, the smoothness of the worst single sample (from the row norms);
+- mu = lambda (Eq. 8 is lambda-strongly convex);
+- sigma^2: the variance of single-sample gradients at x_0, E_i ||grad f_i(x_0) - grad f(x_0)||^2;
+- zeta^2: the spread of the clients' gradients at x_0, 1/N sum_c ||grad f_c(x_0) - grad f(x_0)||^2 (the paper's
+  zeta_f^* is taken at x*; x_0 needs no optimum and is where stage 1 starts).
+
+It prints them with the values Theorem 2 prescribes (eta_1 <= 1/(6L), T_1 eta_1 = 6/mu, and k_1 = min{1/(6 eta_1
+L N), 1/(9 eta_1 L)} IID or min{sigma / sqrt(6 eta_1 L N (sigma^2 + 4 zeta^2)), 1/(9 eta_1 L)} Non-IID), which are
+too conservative to use (k_1 < 1: an average after every step), and the proposal ``algorithm.auto = true`` runs:
+
+- eta_1 = N / (2L): the largest step 1/(2L) of one client, scaled by the N clients whose steps are averaged (the
+  linear scaling the paper's eta_1 = N/10 follows);
+- T_1 = 1 / (mu eta_1): the paper's experimental rule eta_1 T_1 = 1/lambda (Theorem 2's form, with 1 for 6);
+- k_1 = T_1 / R, R rounds in stage 1 (and, as k doubles with T, in every stage): R = 1 when the clients sample
+  alike (zeta^2 = 0); otherwise drift correction is switched on and R = ceil(R_NONIID sqrt(1 + 4 zeta^2 /
+  sigma^2)), Theorem 2's Non-IID factor sqrt((sigma^2 + 4 zeta^2) / sigma^2) on top of a base R_NONIID measured
+  once on a9a (docs/results/schedules.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from stlsgd.data import Partition
+from stlsgd.errors import ConfigError, StlsgdError
+from stlsgd.problems.logistic import LogisticRegression, _expit
+
+# Rounds per stage under drift correction for Non-IID data, before Theorem 2's heterogeneity factor; measured on
+# a9a Non-IID (s = 50, 32 clients), see docs/results/schedules.md.
+R_NONIID = 8
+# Below this share of the gradient noise, the clients count as sampling alike (zeta^2 / sigma^2).
+IID_SHARE = 1e-3
+
+
+@dataclass(frozen=True)
+class Estimates:
+    n: int
+    d: int
+    num_clients: int
+    L: float
+    L_max: float
+    mu: float
+    sigma2: float
+    zeta2: float
+
+
+def estimate(problem: LogisticRegression, partition: Partition, iterations: int = 200) -> Estimates:
+    """The constants of Theorem 2 for ``problem`` on ``partition`` (see the module docstring)."""
+    X, y, lam, n = problem.X, problem.y, problem.lam, problem.num_samples
+    v = np.random.default_rng(0).standard_normal(X.shape[1])
+    L = 0.0
+    for _ in range(iterations):  # power iteration on H(0) = X^T X / (4n) + lam I
+        v = X.T @ (X @ v) / (4 * n) + lam * v
+        L = float(np.linalg.norm(v))
+        if not (L > 0 and math.isfinite(L)):
+            raise StlsgdError("suggest: the Hessian at x_0 is zero or not finite (no features?); cannot estimate L")
+        v /= L
+    rows = np.asarray(X.multiply(X).sum(axis=1)).ravel()
+    G = sp.diags(-y * _expit(np.zeros(n))) @ X  # per-sample loss gradients at x_0 = 0 (lam x_0 = 0)
+    g = np.asarray(G.mean(axis=0)).ravel()
+    sigma2 = float(np.asarray(G.multiply(G).sum(axis=1)).mean() - g @ g)
+    clients = np.array([np.asarray(G[partition.client_rows(c)].mean(axis=0)).ravel()
+                        for c in range(partition.num_clients)])
+    zeta2 = float(np.mean(np.sum((clients - g) ** 2, axis=1)))
+    return Estimates(n=n, d=X.shape[1], num_clients=partition.num_clients, L=L, L_max=float(rows.max() / 4 + lam),
+                     mu=lam, sigma2=max(sigma2, 0.0), zeta2=max(zeta2, 0.0))
+
+
+def theorem2(e: Estimates) -> dict[str, float]:
+    """Theorem 2's values at its largest step eta_1 = 1/(6L), IID and Non-IID."""
+    eta = 1.0 / (6.0 * e.L)
+    k_iid = min(1.0 / (6 * eta * e.L * e.num_clients), 1.0 / (9 * eta * e.L))
+    k_non = min(math.sqrt(e.sigma2) / math.sqrt(6 * eta * e.L * e.num_clients * (e.sigma2 + 4 * e.zeta2)),
+                1.0 / (9 * eta * e.L)) if e.sigma2 > 0 else k_iid
+    return {"lr": eta, "T1": 6.0 / (e.mu * eta), "k1_iid": k_iid, "k1_noniid": k_non}
+
+
+def propose(e: Estimates) -> dict[str, Any]:
+    """The settings ``algorithm.auto`` runs with (see the module docstring), and why."""
+    if e.sigma2 <= 0:
+        # Every sample has the same gradient at x_0: nothing to average away; no clients differ either.
+        share, fallback = 0.0, "sigma^2 = 0 (every sample's gradient at x_0 is the same): treated as IID"
+    else:
+        share, fallback = e.zeta2 / e.sigma2, None
+    lr = e.num_clients / (2.0 * e.L)
+    T1 = max(int(math.ceil(1.0 / (e.mu * lr))), 1)
+    drift = share > IID_SHARE
+    rounds = math.ceil(R_NONIID * math.sqrt(1 + 4 * share)) if drift else 1
+    return {"lr": lr, "T1": T1, "k": float(max(T1 // rounds, 1)), "drift": drift, "iid": True,
+            "rounds_per_stage": rounds, "fallback": fallback}
+
+
+def report(e: Estimates, proposal: dict[str, Any]) -> str:
+    t2 = theorem2(e)
+    lines = [
+        f"n = {e.n}, d = {e.d}, N = {e.num_clients} clients",
+        f"L = {e.L:.6g} (power iteration on the Hessian at x_0), L_max = {e.L_max:.6g} (row norms), "
+        f"mu = lambda = {e.mu:.6g}",
+        f"sigma^2 = {e.sigma2:.6g} (single-sample gradients at x_0), zeta^2 = {e.zeta2:.6g} (clients' gradients "
+        f"at x_0; zeta^2 / sigma^2 = {e.zeta2 / e.sigma2 if e.sigma2 else 0:.3g})",
+        f"Theorem 2: eta_1 <= 1/(6L) = {t2['lr']:.4g}, T_1 = 6/(mu eta_1) = {t2['T1']:.4g}, k_1 = "
+        f"{t2['k1_iid']:.3g} (IID) / {t2['k1_noniid']:.3g} (Non-IID): under 1, an average every step",
+        f"proposal (algorithm.auto = true): lr = {proposal['lr']:.6g} (N/(2L)), T1 = {proposal['T1']} "
+        f"(1/(mu lr)), k = {proposal['k']:g} ({proposal['rounds_per_stage']} round(s) a stage), "
+        f"drift = {str(proposal['drift']).lower()}, k x2 a stage",
+    ]
+    if proposal["fallback"]:
+        lines.append(f"fallback: {proposal['fallback']}")
+    return "\n".join(lines)
+
+
+def estimates_for(built: Any) -> Estimates:
+    """Estimates of a built experiment; a one-line error where the problem is not Eq. 8."""
+    if not isinstance(built.problem, LogisticRegression):
+        raise ConfigError("problem.kind: suggest estimates the constants of Eq. 8 (logistic regression); for "
+                          "networks, docs/distributed.md has measured guidance")
+    return estimate(built.problem, built.partition)
+
+
+__all__ = ["Estimates", "asdict", "estimate", "estimates_for", "propose", "report", "theorem2"]
