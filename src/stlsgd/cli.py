@@ -1,4 +1,4 @@
-"""Command line: ``stlsgd run | demo | sweep | report | suggest | methods | data``.
+"""Command line: ``stlsgd run | demo | sweep | report | suggest | calibrate | methods | data``.
 
 User mistakes (bad config, bad data, missing files, a full or read-only disk) print one line
 ``stlsgd: error: ...`` and exit with status 2; ``--debug`` shows the traceback instead.
@@ -19,9 +19,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     exp = load_config(args.config, args.set)
     out = Path(args.out) if args.out else Path("runs") / exp.name
+    delay = 0.0
+    if args.inject_latency:
+        from stlsgd.costmodel import parse_seconds
+
+        delay = parse_seconds(args.inject_latency, "--inject-latency")
     summary = run_experiment(exp, out, backend=args.backend, comm_backend=args.comm_backend, data_dir=args.data_dir,
                              overwrite=args.overwrite, progress=not args.quiet,
-                             checkpoint_every=args.checkpoint_every, resume=args.resume)
+                             checkpoint_every=args.checkpoint_every, resume=args.resume, inject_latency_s=delay)
     if summary is None:  # ranks other than 0 of a distributed run write and print nothing
         return 0
     status = summary["status"]
@@ -53,7 +58,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from stlsgd.experiments.report import write_report
 
-    for path in write_report([Path(d) for d in args.dirs], Path(args.out), args.prefix):
+    network = None
+    if args.network:
+        from stlsgd.costmodel import parse_network
+
+        network = parse_network(args.network)
+    for path in write_report([Path(d) for d in args.dirs], Path(args.out), args.prefix, network=network,
+                             select=args.select):
         print(path)
     return 0
 
@@ -68,6 +79,18 @@ def _cmd_suggest(args: argparse.Namespace) -> int:
         exp = exp.model_copy(update={"algorithm": exp.algorithm.model_copy(update={"auto": False})})
     estimates = estimates_for(build(exp, args.data_dir))
     print(report(estimates, propose(estimates)))
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from stlsgd.experiments.calibrate import calibrate
+    from stlsgd.experiments.config import load_config
+
+    network = calibrate(load_config(args.config, args.set), Path(args.out), args.data_dir)
+    if network is not None:
+        print(f"latency {network.latency_s * 1e6:.1f} us a round, bandwidth {network.bandwidth_Bps * 8 / 1e9:.3g} "
+              f"Gbit/s, step {network.step_s * 1e9:.1f} ns a client-step ({network.source})")
+        print(f"profile: {args.out} (use it as --network {args.out})")
     return 0
 
 
@@ -115,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sim: vectorised simulator (default); dist: torch.distributed, launched by torchrun")
     p.add_argument("--comm-backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="torch.distributed backend for --backend dist (auto: nccl on GPU, else gloo)")
+    p.add_argument("--inject-latency", metavar="TIME", help="--backend dist: wait TIME (e.g. 20ms) before every "
+                   "average, as a slower network would (to validate the cost model)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("demo", help="SyncSGD vs Local SGD vs STL-SGD^sc on the embedded digits (4 vs 9)")
@@ -137,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dirs", nargs="+", metavar="DIR", help="sweep output directories (with best.json), one per column")
     p.add_argument("--out", default="report", help="output directory (default ./report)")
     p.add_argument("--prefix", default="table", help="file name prefix (default: table)")
+    p.add_argument("--network", metavar="NET", help="price the runs on a network: a preset (datacenter, "
+                   "cross-region, federated-mobile, lan) with step=..., key=value figures "
+                   "(latency=50ms,bandwidth=1Gbit,step=20us) or a profile from stlsgd calibrate")
+    p.add_argument("--select", choices=("rounds", "time"), default="rounds",
+                   help="choose each row's setting by rounds (the paper's rule, default) or by predicted time")
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("suggest", help="estimate L, mu, sigma^2 and zeta^2 of a config's problem; propose STL-SGD "
@@ -145,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
     p.add_argument("--data-dir", help="data directory (default $STLSGD_DATA or the user cache)")
     p.set_defaults(func=_cmd_suggest)
+
+    p = sub.add_parser("calibrate", help="measure a config's step cost and this network's latency and bandwidth; "
+                                        "write a profile for --network")
+    p.add_argument("config", help="experiment config (.toml or .yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
+    p.add_argument("--data-dir", help="data directory (default $STLSGD_DATA or the user cache)")
+    p.add_argument("--out", default="network-profile.json", help="the profile to write (default network-profile.json)")
+    p.set_defaults(func=_cmd_calibrate)
 
     p = sub.add_parser("methods", help="the registered methods and their [algorithm] fields")
     p.set_defaults(func=_cmd_methods)

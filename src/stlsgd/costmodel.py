@@ -108,6 +108,11 @@ def _quantity(arg: str, key: str, text: str) -> float:
     return value
 
 
+def parse_seconds(text: str, arg: str) -> float:
+    """A duration such as ``20ms`` or ``1.5s`` (units s, ms, us, ns), > 0; a one-line error naming ``arg``."""
+    return _quantity(arg, "latency", text)
+
+
 def _is_file(text: str) -> bool:
     try:
         return Path(text).is_file()

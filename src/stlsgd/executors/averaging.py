@@ -39,8 +39,8 @@ def gather_mean(state: State, num_clients: int, group: dist.ProcessGroup | None 
     """In place, on every rank: each local client's floating NumPy arrays become the mean over all N clients,
     in the canonical order (see the module docstring), so the result is the simulator's bit for bit.
 
-    The ranks' clients are contiguous slices in rank order (:func:`stlsgd.executors.distributed.client_slice`),
-    so the gathered rows, in rank order, are the clients in index order. One all-gather per array (the
+    The ranks' clients are contiguous slices in rank order (:func:`client_slice`), so the gathered rows, in rank
+    order, are the clients in index order. One all-gather per array (the
     logistic model has one); ranks with fewer clients pad their share.
     """
     for value in state.values():
@@ -49,21 +49,26 @@ def gather_mean(state: State, num_clients: int, group: dist.ProcessGroup | None 
             value[...] = np.ascontiguousarray(every).mean(axis=0, keepdims=True)
 
 
+def client_slice(num_clients: int, world_size: int, rank: int) -> slice:
+    """Rank ``rank``'s contiguous share of the client axis; the first N mod P ranks get one client more."""
+    base, extra = divmod(num_clients, world_size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (1 if rank < extra else 0))
+
+
 def gather_rows(value: np.ndarray | torch.Tensor, num_clients: int, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Every rank's rows of a client-stacked array, in rank (= client) order, on every rank (CPU tensor)."""
+    """Every rank's rows of a client-stacked array, in rank (= client) order, on every rank (CPU tensor).
+
+    One all-gather: every rank knows every share's size from :func:`client_slice`; smaller shares are padded."""
     device = comm_device(torch.device("cpu") if isinstance(value, np.ndarray) else value.device, group)
-    local = value.shape[0]
-    counts = [torch.zeros((), dtype=torch.int64, device=device) for _ in range(_size(group))]
-    dist.all_gather(counts, torch.tensor(local, dtype=torch.int64, device=device), group=group)
+    world = _size(group)
+    counts = [len(range(num_clients)[client_slice(num_clients, world, r)]) for r in range(world)]
     tensor = _as_tensor(value)
-    mine = torch.zeros((max(int(c) for c in counts), *value.shape[1:]), dtype=tensor.dtype, device=device)
-    mine[:local] = tensor.to(device)
+    mine = torch.zeros((max(counts), *value.shape[1:]), dtype=tensor.dtype, device=device)
+    mine[: value.shape[0]] = tensor.to(device)
     rows = [torch.empty_like(mine) for _ in counts]
     dist.all_gather(rows, mine, group=group)
-    every = torch.cat([r[: int(c)] for r, c in zip(rows, counts)]).cpu()
-    if every.shape[0] != num_clients:
-        raise RuntimeError(f"gathered {every.shape[0]} clients, expected {num_clients}")
-    return every
+    return torch.cat([r[:c] for r, c in zip(rows, counts)]).cpu()
 
 
 def gather_clients(state: State, num_clients: int, group: dist.ProcessGroup | None = None) -> State:

@@ -20,6 +20,7 @@ import os
 import signal
 import struct
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from stlsgd.errors import ConfigError, StlsgdError
-from stlsgd.executors.averaging import comm_device, gather_clients, group_mean
+from stlsgd.executors.averaging import client_slice, comm_device, gather_clients, group_mean
 from stlsgd.executors.simulator import STATUSES, RunState, Topology
 from stlsgd.problems.base import State
 
@@ -124,20 +125,18 @@ def join(comm_backend: str = "auto", group: dist.ProcessGroup | None = None) -> 
     return Job(dist.new_group(timeout=timeout), dist.get_backend(), owns_default=owns)
 
 
-def client_slice(num_clients: int, world_size: int, rank: int) -> slice:
-    """Rank ``rank``'s contiguous share of the client axis; the first N mod P ranks get one client more."""
-    base, extra = divmod(num_clients, world_size)
-    start = rank * base + min(rank, extra)
-    return slice(start, start + base + (1 if rank < extra else 0))
+def make_topology(num_clients: int, group: dist.ProcessGroup | None = None, delay_s: float = 0.0) -> Topology:
+    """This rank's place in the run: its clients, the average over the group and rank 0's verdict broadcast.
 
-
-def make_topology(num_clients: int, group: dist.ProcessGroup | None = None) -> Topology:
-    """This rank's place in the run: its clients, the average over the group and rank 0's verdict broadcast."""
+    ``delay_s`` is a latency injected before every average (to measure how a run's time grows with the
+    network's latency, ``--inject-latency``): every rank waits it out before the collective."""
     pg = group if group is not None else dist.group.WORLD
     rank, world = pg.rank(), pg.size()
     device = comm_device(torch.device("cpu"), group)
 
     def average(clients: State) -> None:
+        if delay_s:
+            time.sleep(delay_s)
         group_mean(clients, num_clients, group)
 
     def agree(state: RunState, finished: bool) -> bool:

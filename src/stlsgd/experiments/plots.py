@@ -32,8 +32,10 @@ class Panel:
     target: float | None = None
 
 
-def panels_figure(panels: list[Panel], xlabel: str, path: Path, *, log_x: bool = False) -> Path:
-    """Write one PNG with a row of panels; curves with no positive value are left out of a log axis."""
+def panels_figure(panels: list[Panel], xlabel: str, path: Path, *, log_x: bool = False,
+                  markers: bool = False) -> Path:
+    """Write one PNG with a row of panels; curves with no positive value are left out of a log axis.
+    ``markers``: each curve drawn as points (one point per row of a table), not lines."""
     n = max(len(panels), 1)
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
     for ax, panel in zip(axes[0], panels):
@@ -43,7 +45,10 @@ def panels_figure(panels: list[Panel], xlabel: str, path: Path, *, log_x: bool =
                 points = [(x, y) for x, y in points if x > 0]
             if points:
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, label=curve.label, linewidth=1.3)
+                if markers:
+                    ax.plot(xs, ys, label=curve.label, marker="o", linestyle="none")
+                else:
+                    ax.plot(xs, ys, label=curve.label, linewidth=1.3)
         if panel.target is not None:
             ax.axhline(panel.target, color="grey", linestyle=":", linewidth=1)
         ax.set_yscale("log")

@@ -18,9 +18,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from stlsgd.costmodel import Network, check_profile_matches
 from stlsgd.errors import StlsgdError
 from stlsgd.experiments.plots import Curve, Panel, panels_figure
 from stlsgd.experiments.sweeps.results import BEST, read_results
+from stlsgd.experiments.time_report import compute_figure, crossovers, latency_figure, row_usages, time_cells, time_selected
 from stlsgd.files import read_jsonl
 
 BASELINE_METHOD = "sync_sgd"
@@ -191,8 +193,54 @@ def _x(row: dict[str, Any], key: str, sweep: dict[str, Any]) -> float:
     return row["iteration"] * row["batch"] * sweep["num_clients"] / sweep["num_samples"]
 
 
-def write_report(dirs: list[Path], out: Path, prefix: str = "table") -> list[Path]:
-    """Write NAME.md, NAME.csv, NAME_rounds.png and NAME_epochs.png; returns their paths."""
+def usage_section(sweeps: list[dict[str, Any]]) -> str:
+    """Computation and communication to the target: median client-steps and MiB one client sent, per row."""
+    names = [s["sweep"] for s in sweeps]
+    usages = {s["sweep"]: {r.label: r for r in row_usages(s)} for s in sweeps}
+    lines = ["", "Computation and communication to the target (median over the seeds that reached it): client-steps "
+             "(samples one client processed) / MiB one client sent:", "",
+             "| Algorithms | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for label in _labels(sweeps):
+        cells = []
+        for n in names:
+            row = usages[n].get(label)
+            cells.append("" if row is None else "—" if row.usage is None else
+                         f"{row.usage.client_steps:.3g} / {row.usage.bytes_per_client / 2**20:.3g}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def time_section(sweeps: list[dict[str, Any]], network: Network, select: str) -> str:
+    """Predicted time to target on ``network`` (median usage of the rounds-chosen setting, or with
+    ``select="time"`` the grid run with the least predicted time), and the crossover latencies."""
+    names = [s["sweep"] for s in sweeps]
+    if select == "time":
+        cells = {s["sweep"]: time_selected(s, read_results(s["_dir"]), network) for s in sweeps}
+        what = "the grid run (seed 0) with the least predicted time"
+    else:
+        cells = {s["sweep"]: time_cells(s, network) for s in sweeps}
+        what = "the rounds-chosen setting, median usage over its seeds"
+    lines = ["", f"Predicted time to target on {network.name} (latency {network.latency_s:g} s a round, bandwidth "
+             f"{network.bandwidth_Bps:g} B/s, step {network.step_s:g} s a client-step; {what}):", "",
+             "| Algorithms | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for label in _labels(sweeps):
+        lines.append(f"| {label} | " + " | ".join(cells[n].get(label, "") for n in names) + " |")
+    lines += ["", "Crossover latencies (STL-SGD rows against Local SGD, SyncSGD and LB-SGD, at this bandwidth and "
+              "step cost):", ""]
+    for s in sweeps:
+        lines += [f"- {s['sweep']}: {line}" for line in crossovers(s, network)]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(dirs: list[Path], out: Path, prefix: str = "table", *, network: Network | None = None,
+                 select: str = "rounds") -> list[Path]:
+    """Write NAME.md, NAME.csv, NAME_rounds.png and NAME_epochs.png, and with a ``network`` the predicted time
+    to target (in NAME.md) with NAME_latency.png (time against latency) and NAME_compute.png (rounds against
+    client-steps); returns their paths."""
+    if select not in ("rounds", "time"):
+        raise StlsgdError(f"--select: rounds or time, got {select!r}")
+    if select == "time" and network is None:
+        raise StlsgdError("--select time: needs --network (the times are predicted by the cost model)")
     if not dirs:
         raise StlsgdError("report: give at least one sweep directory")
     sweeps = [load_sweep_dir(Path(d)) for d in dirs]
@@ -205,10 +253,20 @@ def write_report(dirs: list[Path], out: Path, prefix: str = "table") -> list[Pat
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise StlsgdError(f"{out}: cannot create the output directory ({err.strerror or err})") from None
+    if network is not None:
+        for s in sweeps:
+            check_profile_matches(network, {"dataset": s["dataset"]})
     md, csv_path = out / f"{prefix}.md", out / f"{prefix}.csv"
-    md.write_text(markdown(sweeps))
+    text = markdown(sweeps) + usage_section(sweeps)
+    if network is not None:
+        text += time_section(sweeps, network, select)
+    md.write_text(text)
     write_csv(sweeps, csv_path)
     rounds = panels_figure(_panels(sweeps, "round"), "communication rounds", out / f"{prefix}_rounds.png", log_x=True)
     epochs = panels_figure(_panels(sweeps, "epochs"), "epochs (samples by all clients / n)",
                            out / f"{prefix}_epochs.png", log_x=True)
-    return [md, csv_path, rounds, epochs]
+    written = [md, csv_path, rounds, epochs]
+    if network is not None:
+        written += [latency_figure(sweeps, network, out / f"{prefix}_latency.png"),
+                    compute_figure(sweeps, out / f"{prefix}_compute.png")]
+    return written

@@ -51,8 +51,9 @@ class _Alone:
 class _Ranks:
     """A torch.distributed job: setup collectives on the default group (long timeout), rounds on the timed one."""
 
-    def __init__(self, job: distributed.Job) -> None:
+    def __init__(self, job: distributed.Job, delay_s: float = 0.0) -> None:
         self.job = job
+        self.delay_s = delay_s
         self.rank, self.world = job.rank, job.world
         self.is_root = self.rank == 0
         self.backend = {"executor": "dist", "comm": job.backend, "world_size": self.world}
@@ -64,7 +65,7 @@ class _Ranks:
         return distributed.broadcast_object(obj)
 
     def topology(self, num_clients: int) -> Topology:
-        return distributed.make_topology(num_clients, self.job.group)
+        return distributed.make_topology(num_clients, self.job.group, self.delay_s)
 
 
 def run_experiment(
@@ -81,6 +82,7 @@ def run_experiment(
     on_round: Callback | None = None,
     built: Built | None = None,
     keep_params: bool = True,
+    inject_latency_s: float = 0.0,
 ) -> dict[str, Any] | None:
     """Run ``exp`` into ``out`` (see :mod:`stlsgd.experiments.rundir` for the files); return the summary
     (None on ranks other than 0).
@@ -88,20 +90,24 @@ def run_experiment(
     ``checkpoint_every=R`` checkpoints after every R-th round. ``resume`` continues from ``out/checkpoint``
     when there is one (and starts afresh when there is none, so a preempted job may always be restarted with
     the same command). ``on_round`` is passed to the round loop (it may end the run by returning a status);
-    ``built`` reuses data already loaded (sweep workers); ``keep_params=False`` skips ``final_params.npz``.
+    ``built`` reuses data already loaded (sweep workers); ``keep_params=False`` skips ``final_params.npz``;
+    ``inject_latency_s`` (``--backend dist`` only) waits that long before every average, as a slower network
+    would (the cost model's validation).
     """
     check_checkpoint_every(checkpoint_every)
     out = Path(out)
     options = dict(data_dir=data_dir, overwrite=overwrite, progress=progress, checkpoint_every=checkpoint_every,
                    resume=resume, on_round=on_round, built=built, keep_params=keep_params)
     if backend == "sim":
+        if inject_latency_s:
+            raise ConfigError("--inject-latency: only with --backend dist (it delays the collectives)")
         return _run(_Alone(), exp, out, **options)
     if backend != "dist":
         raise ConfigError(f"--backend: unknown backend {backend!r} (sim or dist)")
     share_cores(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # ranks on one machine split its cores
     job = distributed.join(comm_backend)
     try:
-        summary = _run(_Ranks(job), exp, out, **options)
+        summary = _run(_Ranks(job, inject_latency_s), exp, out, **options)
     except distributed.CollectiveFailure:
         raise  # tearing the groups down could wait on the failed peer; the process is about to exit anyway
     except BaseException:

@@ -18,8 +18,8 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
 - T_1 = 1 / (mu eta_1): the paper's experimental rule eta_1 T_1 = 1/lambda (Theorem 2's form, with 1 for 6);
 - k_1 = T_1 / R, R rounds in stage 1 (and, as k doubles with T, in every stage): R = 1 when the clients sample
   alike (zeta^2 = 0); otherwise drift correction is switched on and R = ceil(R_NONIID sqrt(1 + 4 zeta^2 /
-  sigma^2)), Theorem 2's Non-IID factor sqrt((sigma^2 + 4 zeta^2) / sigma^2) on top of a base R_NONIID measured
-  once on a9a (docs/results/schedules.md).
+  sigma^2)), Theorem 2's Non-IID factor sqrt((sigma^2 + 4 zeta^2) / sigma^2) on top of a base R_NONIID = 64
+  measured once (docs/results/schedules.md).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ from stlsgd.data import Partition
 from stlsgd.errors import ConfigError, StlsgdError
 from stlsgd.problems.logistic import LogisticRegression, _expit
 
-# Rounds per stage under drift correction for Non-IID data, before Theorem 2's heterogeneity factor; measured on
-# a9a Non-IID (s = 50, 32 clients), see docs/results/schedules.md.
-R_NONIID = 8
+# Rounds per stage under drift correction for Non-IID data, before Theorem 2's heterogeneity factor: with 1 and 8
+# a stage, a9a Non-IID (s = 50, 32 clients) spent its 10M-iteration budget; with 64 it reached 1e-4 in 600 rounds
+# (MNIST Non-IID: 516), docs/results/schedules.md.
+R_NONIID = 64
 # Below this share of the gradient noise, the clients count as sampling alike (zeta^2 / sigma^2).
 IID_SHARE = 1e-3
 

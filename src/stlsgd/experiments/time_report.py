@@ -1,0 +1,191 @@
+"""Time to target from finished sweeps: what each row's runs computed and communicated, priced by a network.
+
+For every row of a sweep (its chosen setting, every seed that reached the target) the usage at the target is
+(rounds, bytes one client sent, samples one client processed). Sweeps recorded by this stlsgd carry those in
+``best.json``; for older ones they are rebuilt from the sweep file: the plan is replayed to the recorded round
+(client-steps), and rounds times the model's size gives the bytes (twice with drift correction). The cost
+model (:mod:`stlsgd.costmodel`) turns a usage into seconds; the crossover latency of two rows is the round
+latency at which they take the same time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stlsgd.costmodel import Network, Usage, crossover_latency, predict
+from stlsgd.experiments.build import model_bytes_for, plan_context
+from stlsgd.experiments.config import Experiment
+from stlsgd.experiments.plots import Curve, Panel, panels_figure
+
+
+@dataclass(frozen=True)
+class RowUsage:
+    """A row's median usage at the target over the seeds that reached it (None: no seed reached it)."""
+
+    label: str
+    method: str
+    usage: Usage | None
+    seeds: int
+
+
+def _sweep_file(best: dict[str, Any]) -> Path | None:
+    """The sweep file best.json names, or the same file under ./configs when it was recorded elsewhere."""
+    path = Path(best.get("config", ""))
+    if path.is_file():
+        return path
+    parts = path.parts
+    if "configs" in parts:
+        local = Path(*parts[parts.index("configs"):])
+        if local.is_file():
+            return local
+    return None
+
+
+def _rebuilt(best: dict[str, Any], label: str, info: dict[str, Any], seed: str, rec: dict[str, Any]) -> Usage | None:
+    """Client-steps and bytes of one seed run rebuilt from its sweep file (sweeps of an older stlsgd)."""
+    from stlsgd.experiments.sweeps import load_sweep
+
+    source = _sweep_file(best)
+    if source is None:
+        return None
+    spec = next((s for s in load_sweep(source).grid if s.label == label and s.settings == info["settings"]), None)
+    if spec is None:
+        return None
+    exp = Experiment.model_validate({**spec.config, "run": {**spec.config["run"], "seed": int(seed)}})
+    size = model_bytes_for(exp)
+    if size is None:
+        return None
+    n = best["num_samples"]
+    lam = exp.problem.lam or (1.0 / n if exp.problem.kind == "logistic" else None)
+    plan = exp.algorithm.plan(plan_context(exp, n, lam))
+    rounds = int(rec["rounds_to_target"])
+    steps = 0
+    for rnd in plan.rounds():
+        if rnd.index >= rounds:
+            break
+        steps += rnd.steps * rnd.batch
+    drift = 2 if getattr(exp.algorithm, "drift", False) else 1
+    return Usage(rounds, rounds * size * drift, steps)
+
+
+def row_usages(best: dict[str, Any]) -> list[RowUsage]:
+    """Every row of a sweep's best.json with its median usage at the target."""
+    out = []
+    for label, info in best["methods"].items():
+        usages = []
+        for seed, rec in (info.get("seeds") or {}).items():
+            if rec.get("status") != "reached":
+                continue
+            if rec.get("client_steps") is not None and rec.get("bytes_per_client") is not None:
+                usages.append(Usage(rec["rounds_to_target"], rec["bytes_per_client"], rec["client_steps"]))
+            else:
+                rebuilt = _rebuilt(best, label, info, seed, rec)
+                if rebuilt is not None:
+                    usages.append(rebuilt)
+        median = Usage(*(statistics.median(u[i] for u in usages) for i in range(3))) if usages else None
+        out.append(RowUsage(label, info.get("method") or "", median, len(usages)))
+    return out
+
+
+def time_cells(best: dict[str, Any], network: Network) -> dict[str, str]:
+    """Per row: predicted time to target (latency + transfer + compute) as a table cell."""
+    cells = {}
+    for row in row_usages(best):
+        if row.usage is None:
+            cells[row.label] = "—"
+            continue
+        b = predict(*row.usage, network)
+        cells[row.label] = (f"{_seconds(b.total_s)} ({_seconds(b.latency_s)} latency + {_seconds(b.transfer_s)} "
+                            f"transfer + {_seconds(b.compute_s)} compute)")
+    return cells
+
+
+def crossovers(best: dict[str, Any], network: Network, against: tuple[str, ...] = ("local_sgd", "sync_sgd",
+                                                                                        "lb_sgd")) -> list[str]:
+    """Lines 'row A vs row B: A is faster above alpha*' for every STL-SGD row against the baseline methods."""
+    rows = [r for r in row_usages(best) if r.usage is not None]
+    lines = []
+    for a in rows:
+        if not a.method.startswith("stl"):
+            continue
+        for b in rows:
+            if b.method not in against:
+                continue
+            alpha = crossover_latency(a.usage, b.usage, network)
+            faster = a.usage.rounds < b.usage.rounds
+            if alpha is None:
+                winner = a.label if predict(*a.usage, network).total_s <= predict(*b.usage, network).total_s \
+                    else b.label
+                lines.append(f"{a.label} vs {b.label}: {winner} is faster at every latency")
+            else:
+                fewer, more = (a.label, b.label) if faster else (b.label, a.label)
+                lines.append(f"{a.label} vs {b.label}: {fewer} is faster above {_seconds(alpha)} per round, "
+                             f"{more} below")
+    return lines
+
+
+def time_selected(best: dict[str, Any], records: list[dict[str, Any]], network: Network) -> dict[str, str]:
+    """Per row, the grid run (seed 0) that reached the target in the least predicted time, as a table cell.
+
+    The seed reruns of a sweep are of each row's rounds-best setting, so a time-chosen setting has one seed."""
+    cells = {}
+    for label, info in best["methods"].items():
+        timed = []
+        for r in records:
+            if r["label"] != label or r["phase"] != "grid" or r["status"] != "reached":
+                continue
+            if r.get("client_steps") is not None and r.get("bytes_per_client") is not None:
+                usage = Usage(r["rounds_to_target"], r["bytes_per_client"], r["client_steps"])
+            else:
+                usage = _rebuilt(best, label, {"settings": r["settings"]}, str(r["seed"]), r)
+            if usage is not None:
+                timed.append((predict(*usage, network).total_s, r, usage))
+        if not timed:
+            cells[label] = "—"
+            continue
+        total, r, usage = min(timed, key=lambda t: t[0])
+        where = ", ".join(f"{k}={v}" for k, v in r["settings"].items())
+        cells[label] = f"{_seconds(total)}: {usage.rounds:g} rounds, {usage.client_steps:.3g} client-steps ({where})"
+    return cells
+
+
+def latency_figure(sweeps: list[dict[str, Any]], network: Network, path: Path) -> Path:
+    """Predicted time to target against the round latency, one panel per sweep, one line per row (log-log)."""
+    latencies = [10 ** (e / 4) for e in range(-24, 5)]  # 1 us .. 10 s
+    panels = []
+    for best in sweeps:
+        panel = Panel(f"{best['sweep']} (bandwidth {network.bandwidth_Bps * 8 / 1e9:g} Gbit/s, step "
+                      f"{_seconds(network.step_s or 0)})", "time to target (s)")
+        for row in row_usages(best):
+            if row.usage is None:
+                continue
+            ys = [predict(*row.usage, Network(a, network.bandwidth_Bps, network.step_s)).total_s for a in latencies]
+            panel.curves.append(Curve(row.label, latencies, ys))
+        panels.append(panel)
+    return panels_figure(panels, "latency per round (s)", path, log_x=True)
+
+
+def compute_figure(sweeps: list[dict[str, Any]], path: Path) -> Path:
+    """Rounds to target against client-steps to target (the computation each saved round costs), log-log."""
+    panels = []
+    for best in sweeps:
+        panel = Panel(best["sweep"], "rounds to target")
+        for row in row_usages(best):
+            if row.usage is not None:
+                panel.curves.append(Curve(row.label, [row.usage.client_steps], [row.usage.rounds]))
+        panels.append(panel)
+    return panels_figure(panels, "client-steps to target (samples one client processed)", path, log_x=True,
+                         markers=True)
+
+
+def _seconds(s: float) -> str:
+    if s == 0 or not math.isfinite(s):
+        return f"{s:g} s"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s:.3g} s"
