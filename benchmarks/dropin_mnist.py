@@ -104,7 +104,7 @@ def main() -> None:
     p.add_argument("--gamma", type=float, default=None)
     p.add_argument("--alpha", type=float, default=0.2, help="QSR's alpha")
     p.add_argument("--plan-lr", action="store_true", help="the plan owns the lr (the paper's Algorithms 2-3)")
-    p.add_argument("--optimizer-state", choices=("average", "keep", "reset"), default="average")
+    p.add_argument("--optimizer-state", choices=("average", "keep", "reset"), default="keep")
     p.add_argument("--outer", default=None, help="DiLoCo outer step LR,MOMENTUM (e.g. 0.7,0.9)")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--lr-schedule", choices=("step", "cosine"), default="step")

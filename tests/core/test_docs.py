@@ -1,0 +1,13 @@
+"""The README's methods table is the registry's: adding a method shows up in the docs or fails here."""
+
+from pathlib import Path
+
+from stlsgd.algorithms.registry import REGISTRY, methods_table
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_lists_every_registered_method_with_its_fields() -> None:
+    text = README.read_text()
+    assert methods_table() in text, "README's Methods table differs from `stlsgd methods`: paste its output"
+    assert len(REGISTRY) >= 10 and {"stl_sc", "stl_nc", "local_sgd", "lr_coupled", "qsr"} <= set(REGISTRY)
