@@ -170,7 +170,7 @@ def test_a_group_of_one_runs_as_a_single_client() -> None:
 # --------------------------------------------------------------------------- checkpoints
 
 
-def _make(group: dist.ProcessGroup, policy: str = "average") -> tuple[nn.Module, torch.optim.Optimizer, object]:
+def _make(group: dist.ProcessGroup) -> tuple[nn.Module, torch.optim.Optimizer, object]:
     torch.manual_seed(group.rank())
     model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

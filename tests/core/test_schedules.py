@@ -1,0 +1,102 @@
+"""The schedules beyond the paper, against periods worked out by hand, and their resume across a period change."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stlsgd.algorithms import QSR, AdaComm, Cosine, Cursor, Feedback, InverseTime, LRCoupled, PostLocalSGD, StepDecay
+from stlsgd.algorithms.registry import PlanContext
+from stlsgd.experiments.config import Experiment
+from stlsgd.experiments.runner import run_experiment
+
+
+def take(plan, n, feedback=Feedback()):
+    return list(itertools.islice(plan.rounds(feedback=feedback), n))
+
+
+def test_post_local_sgd_is_synchronous_for_its_warm_up_then_local() -> None:
+    rounds = take(PostLocalSGD(lrs=InverseTime(1.0, 0.5), k=3, warmup=2), 5)
+    assert [(r.start_iteration, r.steps) for r in rounds] == [(0, 1), (1, 1), (2, 3), (5, 3), (8, 3)]
+    np.testing.assert_allclose(rounds[2].learning_rates(), [1 / 2, 1 / 2.5, 1 / 3])  # 1/(1 + 0.5 t), t = 2, 3, 4
+
+
+def test_lr_coupled_keeps_eta_times_k_constant_on_its_own_schedule() -> None:
+    # eta_t = 0.4 halved every 10 steps; k_1 = 2 at eta_1 = 0.4: k = 2 while eta = 0.4 (steps 0-9), 4 at 0.2
+    # (the round starting at step 10), 8 at 0.1 (the round starting at step 22: 0.4 * 0.5^2), 16 at 0.05 (step 30).
+    plan = LRCoupled(lrs=StepDecay(0.4, 10, 0.5), k1=2, lr1=0.4)
+    assert [(r.start_iteration, r.steps) for r in take(plan, 8)] == [
+        (0, 2), (2, 2), (4, 2), (6, 2), (8, 2), (10, 4), (14, 4), (18, 4)]
+    assert [(r.start_iteration, r.steps) for r in take(plan, 10)][8:] == [(22, 8), (30, 16)]
+
+
+def test_lr_coupled_takes_eta_1_from_the_first_round_when_not_given() -> None:
+    plan = LRCoupled(k1=3)
+    cursor = Cursor()
+    rnd = plan.next_round(cursor, Feedback(lr=0.05))  # the optimizer's lr (the drop-in)
+    assert rnd.steps == 3
+    cursor = plan.advance(cursor, rnd, Feedback(lr=0.05))
+    assert cursor.memo == (0.05,)
+    assert plan.next_round(cursor, Feedback(lr=0.0125)).steps == 12  # 3 * 0.05 / 0.0125
+    assert plan.next_round(cursor, Feedback(lr=0.0)).steps == plan.k_max  # a zero lr: the cap
+
+
+def test_qsr_is_quadratic_in_one_over_eta_and_never_below_h_base() -> None:
+    plan = QSR(lrs=Cosine(0.4, 100), h_base=2, alpha=0.2)
+    # (0.2 / 0.4)^2 = 0.25 < 2 at the start; at t = 50 eta = 0.2 -> 1 < 2; near the end eta is small.
+    assert plan.period_at(Cursor(iteration=0), Feedback()) == 2
+    assert plan.period_at(Cursor(iteration=50), Feedback()) == 2
+    eta_90 = 0.4 * 0.5 * (1 + np.cos(np.pi * 0.9))  # 0.00979
+    assert plan.period_at(Cursor(iteration=90), Feedback()) == int((0.2 / eta_90) ** 2)  # 417
+    assert plan.period_at(Cursor(), Feedback(lr=0.01)) == 400  # the optimizer's lr when fed back
+
+
+def test_adacomm_shrinks_the_period_as_the_fed_back_loss_falls() -> None:
+    plan = AdaComm(k0=16)
+    cursor = Cursor()
+    r0 = plan.next_round(cursor, Feedback())  # no loss yet: k0
+    cursor = plan.advance(cursor, r0, Feedback())
+    r1 = plan.next_round(cursor, Feedback(objective=0.64))  # the first loss becomes F_0: still k0
+    cursor = plan.advance(cursor, r1, Feedback(objective=0.64))
+    assert (r0.steps, r1.steps, cursor.memo) == (16, 16, (0.64, 0.0))
+    assert plan.next_round(cursor, Feedback(objective=0.16)).steps == 8  # ceil(16 sqrt(0.16 / 0.64))
+    assert plan.next_round(cursor, Feedback(objective=0.01)).steps == 2  # ceil(16 * 0.125)
+
+
+def test_the_config_models_build_these_plans() -> None:
+    ctx = PlanContext(num_samples=1000, num_clients=4, lam=None, iid=True, max_iterations=500)
+    exp = Experiment.model_validate({"algorithm": {"method": "qsr", "lr": 0.2, "alpha": 0.1, "h_base": 3,
+                                                   "lr_schedule": "cosine"}})
+    plan = exp.algorithm.plan(ctx)
+    assert isinstance(plan, QSR) and plan.lrs == Cosine(0.2, 500)  # the cosine's length: the budget
+    with pytest.raises(Exception, match="decay_every"):
+        Experiment.model_validate({"algorithm": {"method": "lr_coupled", "lr_schedule": "step"}})
+
+
+@pytest.mark.parametrize("method", ["lr_coupled", "adacomm"])
+def test_resume_across_a_period_change_is_bit_identical(tmp_path: Path, method: str) -> None:
+    # lr_coupled: eta_t = 0.5/(1 + 0.05 t) doubles the period by t = 20; adacomm: the loss fed back shrinks it.
+    exp = Experiment.model_validate({
+        "data": {"dataset": "digits49", "num_clients": 4, "partition": "noniid"},
+        "algorithm": {"method": method, "lr": 0.5, "lr_decay": 0.05, "k": 4},
+        "run": {"target_gap": "none", "max_rounds": 30, "eval_every": 2},
+    })
+    whole = run_experiment(exp, tmp_path / "whole", progress=False, checkpoint_every=4)
+    periods = [json.loads(line)["period"] for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    assert len(set(periods)) > 1, periods  # the period did change
+
+    def interrupt(state, rnd) -> None:
+        if state.round == 14:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(exp, tmp_path / "cut", progress=False, checkpoint_every=4, on_round=interrupt)
+    resumed = run_experiment(exp, tmp_path / "cut", progress=False, resume=True)
+    assert (resumed["rounds"], resumed["iterations"]) == (whole["rounds"], whole["iterations"])
+    with np.load(tmp_path / "whole" / "final_params.npz") as a, np.load(tmp_path / "cut" / "final_params.npz") as b:
+        assert np.array_equal(a["w"], b["w"])
+

@@ -1,0 +1,89 @@
+"""stlsgd suggest and algorithm.auto: estimates against direct computations, the proposal's rules, and every
+failure as one line or a stated fallback."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stlsgd.cli import main
+from stlsgd.data import load_dataset, make_partition
+from stlsgd.experiments.config import Experiment
+from stlsgd.experiments.runner import run_experiment
+from stlsgd.experiments.suggest import R_NONIID, estimate, propose
+from stlsgd.problems.logistic import LogisticRegression
+
+
+def test_the_estimates_are_the_definitions_computed_directly() -> None:
+    ds = load_dataset("digits49")
+    problem = LogisticRegression(ds.X, ds.y)
+    partition = make_partition(ds.y, 4, "noniid", seed=0, s=0)
+    e = estimate(problem, partition)
+    X, y, n = ds.X.toarray(), ds.y, ds.n
+    H = X.T @ X / (4 * n) + problem.lam * np.eye(X.shape[1])
+    assert e.L == pytest.approx(np.linalg.eigvalsh(H).max(), rel=1e-9)
+    assert e.L_max == pytest.approx((X * X).sum(axis=1).max() / 4 + problem.lam)
+    G = -0.5 * y[:, None] * X  # single-sample gradients at x_0 = 0
+    g = G.mean(axis=0)
+    assert e.sigma2 == pytest.approx(np.mean(np.sum((G - g) ** 2, axis=1)), rel=1e-9)
+    clients = np.array([G[partition.client_rows(c)].mean(axis=0) for c in range(4)])
+    assert e.zeta2 == pytest.approx(np.mean(np.sum((clients - g) ** 2, axis=1)), rel=1e-9)
+    p = propose(e)
+    assert p["lr"] == pytest.approx(4 / (2 * e.L)) and p["T1"] == math.ceil(1 / (e.mu * p["lr"]))
+    assert p["drift"] is True  # label-sorted shards differ
+    assert p["rounds_per_stage"] == math.ceil(R_NONIID * math.sqrt(1 + 4 * e.zeta2 / e.sigma2))
+    shared = propose(estimate(problem, make_partition(ds.y, 4, "shared", seed=0)))
+    assert (shared["drift"], shared["rounds_per_stage"], shared["k"]) == (False, 1, shared["T1"])
+
+
+def test_auto_runs_with_the_proposal_and_says_so(tmp_path: Path) -> None:
+    exp = Experiment.model_validate({"data": {"dataset": "digits49", "num_clients": 4, "partition": "noniid"},
+                                     "algorithm": {"method": "stl_sc", "auto": True},
+                                     "run": {"max_rounds": 3, "target_gap": "none"}})
+    summary = run_experiment(exp, tmp_path / "run", progress=False)
+    ds = load_dataset("digits49")
+    p = propose(estimate(LogisticRegression(ds.X, ds.y), make_partition(ds.y, 4, "noniid", seed=0)))
+    assert (summary["plan"]["lr"], summary["plan"]["T1"], summary["plan"]["k1"]) == (p["lr"], p["T1"], p["k"])
+    assert summary["rule"]["drift"] is True and summary["plan"]["iid"] is True
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_suggest_prints_the_estimates_and_the_proposal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _write(tmp_path, "c.toml", '[data]\ndataset = "digits49"\nnum_clients = 4\n')
+    assert main(["suggest", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "L = " in out and "sigma^2 = " in out and "Theorem 2: eta_1 <= 1/(6L)" in out
+    assert "proposal (algorithm.auto = true): lr = " in out and "drift = false" in out
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[data]\nnum_clients = 0\n', "data.num_clients: Input should be greater than or equal to 1"),
+    ('[data]\ndataset = "missing.svm"\n', "missing.svm: not found"),
+    ('[data]\ndataset = "mnist10"\n[problem]\nkind = "net"\n[algorithm]\nmethod = "local_sgd"\n',
+     "problem.kind: suggest estimates the constants of Eq. 8"),
+    ('[algorithm]\nmethod = "stl_sc"\nauto = true\nk = 4\n', "algorithm.auto: sets k itself; remove it"),
+])
+def test_suggest_on_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
+                                          message: str, shared_data: Path) -> None:
+    config = _write(tmp_path, "c.toml", text)
+    assert main(["suggest", str(config), "--data-dir", str(shared_data)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_zero_gradient_variance_is_a_stated_fallback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # y_i x_i is the same for both samples: every single-sample gradient at x_0 is the same (sigma^2 = 0).
+    data = _write(tmp_path, "same.svm", "+1 1:1\n-1 1:-1\n+1 1:1\n-1 1:-1\n")
+    config = _write(tmp_path, "c.toml", f'[data]\ndataset = "{data}"\nnum_clients = 2\npartition = "split"\n')
+    assert main(["suggest", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "sigma^2 = 0 " in out and "fallback: sigma^2 = 0 (every sample's gradient at x_0 is the same): treated " \
+                                     "as IID" in out
