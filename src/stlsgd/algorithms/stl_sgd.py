@@ -105,7 +105,9 @@ class STLSCConfig(_Stagewise):
 
     @model_validator(mode="after")
     def _auto_alone(self) -> STLSCConfig:
-        given = sorted(set(self.model_fields_set) & {"lr", "k", "T1", "T1_epochs", "lr_T1", "drift"})
+        # A resolved config (config.yaml) holds every field at its default: only values that differ are refused.
+        given = sorted(f for f in ("lr", "k", "T1", "T1_epochs", "lr_T1", "drift")
+                       if getattr(self, f) != type(self).model_fields[f].default)
         if self.auto and given:
             raise ValueError(f"auto: sets {', '.join(given)} itself; remove {'it' if len(given) == 1 else 'them'}")
         return self
