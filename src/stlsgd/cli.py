@@ -26,7 +26,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         delay = parse_seconds(args.inject_latency, "--inject-latency")
     summary = run_experiment(exp, out, backend=args.backend, comm_backend=args.comm_backend, data_dir=args.data_dir,
                              overwrite=args.overwrite, progress=not args.quiet,
-                             checkpoint_every=args.checkpoint_every, resume=args.resume, inject_latency_s=delay)
+                             checkpoint_every=args.checkpoint_every, resume=args.resume, inject_latency_s=delay,
+                             tensorboard=Path(args.tensorboard) if args.tensorboard else None)
     if summary is None:  # ranks other than 0 of a distributed run write and print nothing
         return 0
     status = summary["status"]
@@ -138,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sim: vectorised simulator (default); dist: torch.distributed, launched by torchrun")
     p.add_argument("--comm-backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="torch.distributed backend for --backend dist (auto: nccl on GPU, else gloo)")
+    p.add_argument("--tensorboard", metavar="DIR", help="also write the metrics as TensorBoard scalars into DIR "
+                   "(needs the tensorboard extra: pip install 'stlsgd[tensorboard]')")
     p.add_argument("--inject-latency", metavar="TIME", help="--backend dist: wait TIME (e.g. 20ms) before every "
                    "average, as a slower network would (to validate the cost model)")
     p.set_defaults(func=_cmd_run)

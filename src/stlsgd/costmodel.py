@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace

@@ -82,6 +82,8 @@ class RoundStats:
     steps: int = 0
     lr: float | None = None
     averages: int = 0
+    #: The last loss fed to :meth:`PlanAverager.report_loss` (None: none yet).
+    objective: float | None = None
     bytes_sent: int = 0
     ddp_bytes: int = 0
     compute_s: float = 0.0
@@ -381,7 +383,7 @@ class PlanAverager:
             self._start_params = _copies(self._params)
         self._round = rnd
 
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         if not self._started:
             self._start()
         if self._round is None:
@@ -392,8 +394,25 @@ class PlanAverager:
                 group["lr"] = lr
         gamma = self._round.prox_gamma
         if gamma is None or self._anchor is None:
-            return
-        # Gradient of 1/(2 gamma) ||x - x_s||^2 is (x - x_s)/gamma: only parameters, never buffers.
+            return None
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0] is the optimizer
+        if closure is None:
+            self._add_proximal(gamma)
+            return None
+
+        # step(closure) computes the gradients itself (Lightning's automatic optimization, LBFGS): the proximal
+        # gradient goes on top of what each call of the closure leaves.
+        def with_proximal() -> Any:
+            loss = closure()
+            self._add_proximal(gamma)
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": with_proximal}
+        return (args[0], with_proximal, *args[2:]), kwargs
+
+    def _add_proximal(self, gamma: float) -> None:
+        """Gradient of 1/(2 gamma) ||x - x_s||^2 is (x - x_s)/gamma: only parameters, never buffers."""
         pairs = [(p, a) for p, a in zip(self._params, self._anchor) if p.grad is not None]
         if pairs:
             grads = [p.grad for p, _ in pairs]
@@ -420,6 +439,7 @@ class PlanAverager:
         r = self._round
         s.round, s.stage, s.period, s.steps = r.index + 1, r.stage, r.period, r.end_iteration
         s.lr = float(r.learning_rates()[-1]) if self.plan_lr else float(self.optimizer.param_groups[self.lr_group]["lr"])
+        s.objective = self._objective
         s.ddp_bytes = s.steps * sum(p.numel() * p.element_size() for p in self._params)
         for callback in self._callbacks:
             callback(s)

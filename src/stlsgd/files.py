@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -18,7 +19,7 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,8 @@ def atomic_write(path: Path, write: Callable[[Any], None], *, mode: str = "w", p
                  suffix: str = ".tmp") -> None:
     """Call ``write(file)`` on a temporary file next to ``path``, then move it into place durably."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=prefix or f".{path.name}.", suffix=suffix, dir=path.parent)
+    with naming(path):
+        fd, tmp = tempfile.mkstemp(prefix=prefix or f".{path.name}.", suffix=suffix, dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; results are shared like any other file
         with os.fdopen(fd, mode) as fh:
@@ -35,10 +37,24 @@ def atomic_write(path: Path, write: Callable[[Any], None], *, mode: str = "w", p
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(err.errno, err.strerror, str(path)) from None  # the file the user knows, not the temporary
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OSError without a file name (a full disk met inside a library) gets ``path``'s."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is None:
+            raise OSError(err.errno, err.strerror, str(path)) from None
+        raise
 
 
 def _umask() -> int:
@@ -105,7 +121,7 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one record durably; a torn last line left by an earlier crash is cut off first."""
     path = Path(path)
     data = (dumps(record) + "\n").encode()
-    with open(path, "ab+") as fh:
+    with naming(path), open(path, "ab+") as fh:
         repair_tail(fh, path)
         fh.write(data)
         fh.flush()

@@ -7,7 +7,6 @@ written.
 from __future__ import annotations
 
 import gzip
-import os
 import pickle
 import struct
 from collections.abc import Callable

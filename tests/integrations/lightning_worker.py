@@ -70,7 +70,7 @@ def fit(out: Path, max_steps: int, ckpt_path: Path | None, checkpoints: bool) ->
                          torch.randint(0, 2, (512,), generator=torch.Generator().manual_seed(1)))
     model = Net()
     rounds: list[dict] = []
-    stl = StlsgdCallback(STLSGD(T1=4, k1=1.0), on_round=lambda s: rounds.append(
+    stl = StlsgdCallback(STLSGD(T1=4, k1=1.0), optimizer_state="average", on_round=lambda s: rounds.append(
         {"round": s.round, "stage": s.stage, "period": s.period, "steps": s.steps, "state": snapshot(model)}))
     steps = Steps(stl)
     callbacks = [stl, steps]

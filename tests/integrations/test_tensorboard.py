@@ -3,6 +3,7 @@ read back from the event files with TensorBoard's EventAccumulator."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -74,3 +75,19 @@ def test_import_stlsgd_needs_none_of_the_frameworks() -> None:
     out = subprocess.run([PYTHON, "-c", code], env=launch_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_stlsgd_run_writes_its_metrics_as_tensorboard_scalars(tmp_path: Path) -> None:
+    from stlsgd.cli import main
+
+    config = tmp_path / "c.toml"
+    config.write_text('[data]\ndataset = "digits49"\nnum_clients = 4\n[algorithm]\nmethod = "local_sgd"\nlr = 0.5\n'
+                      'k = 5\n[run]\nmax_rounds = 12\neval_every = 3\n')
+    assert main(["run", str(config), "--out", str(tmp_path / "run"), "--quiet", "--tensorboard",
+                 str(tmp_path / "tb")]) == 0
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    gaps = events.Scalars("stlsgd/gap")
+    assert [e.step for e in gaps] == [3, 6, 9, 12]
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [e.value for e in gaps] == pytest.approx([m["gap"] for m in lines], rel=1e-6)  # float32 in the file

@@ -29,10 +29,11 @@ only the ``wall_s`` fields, which measure time, differ.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,8 +88,9 @@ class MetricsLog:
 
     def write(self, metrics: dict[str, Any]) -> None:
         data = (dumps(metrics) + "\n").encode()
-        self._fh.write(data)
-        self._fh.flush()  # one line at a time, so `tail -f` and plots see progress
+        with _cannot_write(self.path, metrics.get("round")):
+            self._fh.write(data)
+            self._fh.flush()  # one line at a time, so `tail -f` and plots see progress
         self._sha.update(data)
         self.lines += 1
         self.size += len(data)
@@ -204,10 +206,11 @@ class RunDirectory:
 
     def checkpoint(self, state: RunState) -> None:
         assert self.metrics is not None
-        self.metrics.sync()
-        meta = {"config": self.exp.to_dict(), "checkpoint_every": self.checkpoint_every,
-                "data_fingerprint": self._fingerprint, **self.metrics.position()}
-        save_checkpoint(self.out / CHECKPOINT_FILE, state, meta)
+        with _cannot_write(self.out / CHECKPOINT_FILE, state.round):
+            self.metrics.sync()
+            meta = {"config": self.exp.to_dict(), "checkpoint_every": self.checkpoint_every,
+                    "data_fingerprint": self._fingerprint, **self.metrics.position()}
+            save_checkpoint(self.out / CHECKPOINT_FILE, state, meta)
 
     def finish(self, state: RunState, summary: dict[str, Any]) -> None:
         """The final checkpoint (so that --resume only completes the files, never reruns), the final
@@ -216,17 +219,22 @@ class RunDirectory:
         if self.checkpoint_every:
             self.checkpoint(state)
         else:
-            self.metrics.sync()
-        self.metrics.close()
+            with _cannot_write(self.metrics.path, state.round):
+                self.metrics.sync()
+        with _cannot_write(self.metrics.path, state.round):
+            self.metrics.close()
         self.metrics = None
-        if self.keep_params:
-            write_final_params(self.out / FINAL_PARAMS_FILE, state.clients)
-        write_json_atomic(self.out / SUMMARY_FILE, summary)
+        with _cannot_write(self.out, state.round):
+            if self.keep_params:
+                write_final_params(self.out / FINAL_PARAMS_FILE, state.clients)
+            write_json_atomic(self.out / SUMMARY_FILE, summary)
 
     def close(self) -> None:
-        """Release the files and the lock (also after a failure)."""
+        """Release the files and the lock (also after a failure, whose error is the one to report: a full disk
+        that also refuses the last flush here says nothing new)."""
         if self.metrics is not None:
-            self.metrics.close()
+            with contextlib.suppress(OSError):
+                self.metrics.close()
             self.metrics = None
         if self._lock is not None:
             os.close(self._lock)  # closing the descriptor releases the flock
@@ -254,6 +262,18 @@ class RunDirectory:
         for name in (SUMMARY_FILE, FINAL_PARAMS_FILE, CONFIG_FILE):
             for tmp in self.out.glob(f".{name}.*.tmp"):
                 tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _cannot_write(path: Path, round_: int | None) -> Iterator[None]:
+    """A full or read-only disk while a run writes: one line naming the file, the round and how to go on."""
+    try:
+        yield
+    except OSError as err:
+        where = "" if round_ is None else f" after round {round_}"
+        raise StlsgdError(f"{path}: cannot write ({err.strerror or err}); the run stopped{where}; free space (or "
+                          "choose a writable --out) and rerun with --resume to go on from its last checkpoint") \
+            from None
 
 
 def _check_writable(out: Path) -> None:

@@ -83,6 +83,7 @@ def run_experiment(
     built: Built | None = None,
     keep_params: bool = True,
     inject_latency_s: float = 0.0,
+    tensorboard: Path | None = None,
 ) -> dict[str, Any] | None:
     """Run ``exp`` into ``out`` (see :mod:`stlsgd.experiments.rundir` for the files); return the summary
     (None on ranks other than 0).
@@ -92,12 +93,13 @@ def run_experiment(
     the same command). ``on_round`` is passed to the round loop (it may end the run by returning a status);
     ``built`` reuses data already loaded (sweep workers); ``keep_params=False`` skips ``final_params.npz``;
     ``inject_latency_s`` (``--backend dist`` only) waits that long before every average, as a slower network
-    would (the cost model's validation).
+    would (the cost model's validation); ``tensorboard`` also writes every metrics line as TensorBoard scalars
+    into that directory (rank 0).
     """
     check_checkpoint_every(checkpoint_every)
     out = Path(out)
     options = dict(data_dir=data_dir, overwrite=overwrite, progress=progress, checkpoint_every=checkpoint_every,
-                   resume=resume, on_round=on_round, built=built, keep_params=keep_params)
+                   resume=resume, on_round=on_round, built=built, keep_params=keep_params, tensorboard=tensorboard)
     if backend == "sim":
         if inject_latency_s:
             raise ConfigError("--inject-latency: only with --backend dist (it delays the collectives)")
@@ -119,7 +121,7 @@ def run_experiment(
 
 def _run(job: _Alone | _Ranks, exp: Experiment, out: Path, *, data_dir: str | None, overwrite: bool, progress: bool,
          checkpoint_every: int | None, resume: bool, on_round: Callback | None, built: Built | None,
-         keep_params: bool) -> dict[str, Any] | None:
+         keep_params: bool, tensorboard: Path | None) -> dict[str, Any] | None:
     n_clients = exp.data.num_clients
     rundir = RunDirectory(out, exp, keep_params=keep_params) if job.is_root else None
 
@@ -151,14 +153,15 @@ def _run(job: _Alone | _Ranks, exp: Experiment, out: Path, *, data_dir: str | No
         start, fstar = job.broadcast((start, fstar))
         if start.state is None:  # ended before: rank 0 holds the summary
             return start.summary if job.is_root else None
-        return _rounds(job, exp, b, start, fstar, rundir, on_round, progress, out)
+        return _rounds(job, exp, b, start, fstar, rundir, on_round, progress, out, tensorboard)
     finally:
         if rundir is not None:
             rundir.close()
 
 
 def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar: float | None,
-            rundir: RunDirectory | None, on_round: Callback | None, progress: bool, out: Path) -> dict[str, Any] | None:
+            rundir: RunDirectory | None, on_round: Callback | None, progress: bool, out: Path,
+            tensorboard: Path | None) -> dict[str, Any] | None:
     n_clients = exp.data.num_clients
     topology = job.topology(n_clients)
     template = b.problem.init_state(1, exp.run.seed)
@@ -185,6 +188,19 @@ def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar
                 rundir.checkpoint(full)
         return verdict
 
+    on_metrics = None
+    writer = None
+    if rundir is not None:
+        on_metrics = rundir.metrics.write
+        if tensorboard is not None:
+            from stlsgd.integrations.tensorboard import open_writer, write_metrics
+
+            writer = open_writer(tensorboard)
+
+            def on_metrics(metrics: dict[str, Any]) -> None:
+                rundir.metrics.write(metrics)
+                write_metrics(writer, metrics)
+
     previous = distributed.exit_on_sigterm(lambda: _fault(
         job, state, "stopped by the launcher (SIGTERM)", start.checkpoint_every, out)) if isinstance(job, _Ranks) else None
     try:
@@ -194,7 +210,7 @@ def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar
             # Overflow on the way to divergence is expected and reported as status "diverged", not as warnings.
             with np.errstate(over="ignore", invalid="ignore"):
                 state = run(b.plan, b.problem, Sampler(b.partition, exp.run.seed), stop_rule(exp, fstar is not None),
-                            state, fstar=fstar, on_metrics=rundir.metrics.write if rundir else None,
+                            state, fstar=fstar, on_metrics=on_metrics,
                             on_round=after_round, progress=progress and job.is_root, topology=topology,
                             align=start.checkpoint_every, rule=b.rule)
     except Exception as exc:
@@ -205,6 +221,8 @@ def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if writer is not None:
+            writer.close()
     full = _full(state, n_clients, topology)
     if rundir is None:
         return None

@@ -17,8 +17,9 @@
 
 Accelerate's own ``LocalSGD(accelerator, model, local_sgd_steps)`` averages the parameters every K calls of
 ``step()``; this one runs the rounds of any plan (STL-SGD's stagewise periods, LR-coupled, QSR, ...) through
-:class:`stlsgd.dropin.PlanAverager`, which also averages the BatchNorm buffers and the optimizer's momentum, and
-switches DDP's per-step gradient all-reduce off while the context is open (Accelerate's enters ``no_sync()``).
+:class:`stlsgd.dropin.PlanAverager`, which also averages the BatchNorm buffers (and, with
+``optimizer_state="average"``, the optimizer's momentum), and switches DDP's per-step gradient all-reduce off while
+the context is open (Accelerate's enters ``no_sync()``).
 
 ``step()`` counts one local step when the optimizer really stepped since the previous call, so it is right under
 ``accelerator.accumulate(model)`` (the optimizer steps once per accumulation cycle) and when a mixed-precision

@@ -17,23 +17,25 @@ on the DDP-wrapped module and the optimizer, which
   optimization Lightning only touches it through ``no_sync()`` while accumulating gradients, which restores the
   value it found, so it stays off);
 - counts the optimizer's steps (one per ``accumulate_grad_batches`` batches) and, at the end of each round of the
-  plan, averages the parameters, the floating buffers (BatchNorm statistics) and the optimizer's momentum;
+  plan, averages the parameters and the floating buffers (BatchNorm statistics), and the optimizer's momentum as
+  ``optimizer_state`` says;
 - averages once more when the fit ends in the middle of a round (``sync_at_end``), so every process, and the
   model rank 0 saves, is the average.
 
 The plan's position (round, step in the round, stage, period, counters) is the callback's ``state_dict``, stored in
 Lightning's checkpoints: ``trainer.fit(..., ckpt_path=...)`` continues the stage and the period. Lightning saves
 rank 0's model and state; a checkpoint taken at a round boundary (``ModelCheckpoint(every_n_train_steps=...)`` at a
-multiple of the rounds' steps, or the end of a fit, after its last average) resumes exactly. One taken in the
-middle of a round resumes with every process starting from rank 0's local model, a one-line warning says so.
+multiple of the rounds' steps, or the end of a fit, after its last average) resumes exactly when every process holds
+the same optimizer state there (``optimizer_state="average"`` or ``"reset"``, or an optimizer without momentum).
+Otherwise -- a checkpoint from the middle of a round, or per-process momentum (``"keep"``) -- every process continues
+from rank 0's model and optimizer state, and rank 0 says so in one line.
 
 Supported: ``strategy="ddp"`` and single-device runs (rounds counted, averaging is the identity), automatic
 optimization with one optimizer (``ddp_spawn``/``ddp_fork`` wrap the module in the same DDP; untested here).
 Refused with one line: FSDP, DeepSpeed, XLA, model parallel, manual optimization (Lightning switches DDP's
-all-reduce back on after every ``training_step`` there), and, until the drop-in adds the proximal gradient after a
-closure's backward (``PlanAverager.proximal_in_closure``), plans with STL-SGD^nc's proximal term (``gamma``):
-Lightning runs backward inside ``optimizer.step(closure)``, after the drop-in's pre-step hook that adds it
-(docs/adapters.md).
+all-reduce back on after every ``training_step`` there). STL-SGD^nc's proximal term works as in a plain loop:
+Lightning runs backward inside ``optimizer.step(closure)``, and the drop-in adds the proximal gradient after the
+closure's.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
-from stlsgd.algorithms.plan import Cursor, Plan
+from stlsgd.algorithms.plan import Plan
 from stlsgd.dropin import PlanAverager, RoundStats
 from stlsgd.errors import StlsgdError
 from stlsgd.integrations import missing
@@ -57,12 +59,6 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
     raise missing("lightning", "lightning", exc) from exc
 
 
-def closure_aware() -> bool:
-    """Whether the drop-in adds the proximal gradient after the gradients an ``optimizer.step(closure)`` computes
-    (the class attribute ``PlanAverager.proximal_in_closure``; docs/adapters.md)."""
-    return bool(getattr(PlanAverager, "proximal_in_closure", False))
-
-
 class StlsgdCallback(Callback):
     """Runs ``plan`` in the fit (see the module docstring). Keyword arguments go to
     :class:`~stlsgd.dropin.PlanAverager` (``plan_lr``, ``optimizer_state``, ``outer``, ``log_every``, ``csv``);
@@ -71,10 +67,6 @@ class StlsgdCallback(Callback):
 
     def __init__(self, plan: Plan, *, sync_at_end: bool = True,
                  on_round: Callable[[RoundStats], None] | None = None, **averager_options: Any) -> None:
-        if plan.next_round(Cursor()).prox_gamma is not None and not closure_aware():
-            raise StlsgdError("StlsgdCallback: plans with a proximal term (gamma) are not supported under Lightning: "
-                              "it computes the gradients inside optimizer.step(closure), after the hook that adds "
-                              "the proximal gradient; use the plan without gamma or the drop-in in a plain loop")
         self.plan = plan
         self.sync_at_end = sync_at_end
         self.on_round = on_round
@@ -129,12 +121,15 @@ class StlsgdCallback(Callback):
         checkpoint: each rank continues the round from rank 0's (loaded by Lightning), said once on stderr."""
         assert self.averager is not None
         rank, world = self.averager.rank, self.averager.world_size
-        exact = not state.get("step") and self.averager.optimizer_state != "keep"
-        if rank == 0 and not exact and max(world, int(state.get("world_size", 1))) > 1:
-            print(f"stlsgd: resuming from rank {state.get('rank')}'s checkpoint taken at step {state.get('step')} of "
-                  f"round {state['cursor']['index'] + 1}: every process continues the round from that rank's "
-                  "model and optimizer state (not exact; checkpoint at round boundaries for an exact resume)",
-                  file=sys.stderr, flush=True)
+        step = int(state.get("step") or 0)
+        reasons = (["the middle of a round"] if step else []) + (
+            ["optimizer_state='keep': the other ranks' momentum is not in the checkpoint"]
+            if self.averager.optimizer_state == "keep" else [])
+        if rank == 0 and reasons and max(world, int(state.get("world_size", 1))) > 1:
+            print(f"stlsgd: resuming from rank {state.get('rank')}'s checkpoint taken at step {step} of round "
+                  f"{state['cursor']['index'] + 1}: every process continues from that rank's model and optimizer "
+                  f"state ({'; '.join(reasons)}; not exact: checkpoint at round boundaries with "
+                  "optimizer_state='average' for an exact resume)", file=sys.stderr, flush=True)
         if (state.get("rank"), state.get("world_size")) == (rank, world):
             return state
         return {**state, "rank": rank, "world_size": world}
