@@ -15,44 +15,15 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
+
+from mnist_common import SmallCNN, load_images  # this folder's shared CNN and MNIST loader
 
 from stlsgd.algorithms import LRCoupled
 from stlsgd.dropin import PlanAverager  # STL (1 of 2)
-
-
-class SmallCNN(nn.Module):
-    """Two conv-BN-ReLU-pool blocks and a linear layer: 28x28 -> 10 classes."""
-
-    def __init__(self, width: int = 8) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(1, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(), nn.MaxPool2d(2),
-        )
-        self.classifier = nn.Linear(2 * width * 7 * 7, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x).flatten(1))
-
-
-def load_images(data_dir: str | None, n: int) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """The first ``n`` MNIST training images, or synthetic digits (class templates + noise) without data."""
-    if data_dir and (Path(data_dir) / "mnist").is_dir():
-        from stlsgd.data import load_dataset
-
-        ds = load_dataset("mnist10", data_dir)
-        return torch.from_numpy(ds.X[:n]), torch.from_numpy(ds.y[:n]), "MNIST"
-    rng = np.random.default_rng(0)
-    templates = rng.random((10, 1, 28, 28), dtype=np.float32)
-    y = rng.integers(0, 10, size=n)
-    X = templates[y] + 0.5 * rng.standard_normal((n, 1, 28, 28), dtype=np.float32)
-    return torch.from_numpy(X), torch.from_numpy(y), "synthetic"
 
 
 def main() -> None:

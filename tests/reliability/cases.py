@@ -19,22 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from test_findings import BASE  # this folder's base case: digits 4 vs 9, Local SGD, 50 rounds
+
 ROOT = Path(__file__).resolve().parents[2]
 NEWLINE = b"\n"
 STLSGD = [sys.executable, "-m", "stlsgd"]
-BASE = """\
-name = "base"
-[data]
-dataset = "{dataset}"
-num_clients = 8
-[algorithm]
-method = "local_sgd"
-lr = 0.5
-k = 10
-[run]
-target_gap = "none"
-max_rounds = {rounds}
-"""
 
 
 def run(cmd: list, cwd: Path, **kw) -> tuple[int, str]:
@@ -49,7 +38,7 @@ def main() -> None:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="stlsgd_cases_"))
     cfg = tmp / "c.toml"
-    cfg.write_text(BASE.format(dataset="digits49", rounds=50))
+    cfg.write_text(BASE.format(dataset="digits49"))
     rows: list[tuple[str, str, int, str]] = []
 
     def case(name: str, cmd: list, **kw) -> None:
@@ -74,7 +63,7 @@ def main() -> None:
     ds = load_dataset("digits49")
     dump_svmlight_file(ds.X, ds.y, str(svm))
     cfg2 = tmp / "c2.toml"
-    cfg2.write_text(BASE.format(dataset=svm, rounds=100000))
+    cfg2.write_text(BASE.format(dataset=svm).replace("max_rounds = 50", "max_rounds = 100000"))
     out2 = tmp / "run2"
     proc = subprocess.Popen([*STLSGD, "run", cfg2, "--out", out2, "--quiet", "--checkpoint-every", "5"], cwd=tmp)
     while not (out2 / "checkpoint").is_file():
@@ -106,7 +95,7 @@ def main() -> None:
     if mount("96k"):
         try:
             cfg3 = tmp / "c3.toml"
-            cfg3.write_text(BASE.format(dataset="digits49", rounds=4000))
+            cfg3.write_text(BASE.format(dataset="digits49").replace("max_rounds = 50", "max_rounds = 4000"))
             case("4 run on a full disk (96 KiB tmpfs)", [*STLSGD, "run", cfg3, "--out", mnt / "run", "--quiet",
                                                           "--checkpoint-every", "100"])
             mount("48k")
