@@ -189,3 +189,33 @@ def test_bad_grid_value_names_file_and_field(tmp_path: Path, capsys: pytest.Capt
 def test_report_without_sweep_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
     assert "best.json" in capsys.readouterr().err
+
+
+def test_report_prices_each_row_by_hand_and_draws_the_time_figures(swept: tuple[Path, Path, int], tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = swept
+    # alpha 1 ms a round, beta 1000 B/s (8 kbit), c 2 us a client-step.
+    assert main(["report", str(out), "--out", str(tmp_path / "rep"), "--network",
+                 "latency=1ms,bandwidth=8kbit,step=2us"]) == 0
+    md = (tmp_path / "rep" / "table.md").read_text()
+    best = json.loads((out / "best.json").read_text())
+    local = best["methods"]["Local SGD"]["seeds"]
+    # Median over the two seeds of each quantity: rounds, bytes one client sent (d = 123 float64s a round),
+    # client-steps (k = 20 steps of batch 1 a round).
+    rounds = sorted(v["rounds_to_target"] for v in local.values())
+    assert [v["bytes_per_client"] for v in local.values()] == [v["rounds_to_target"] * 123 * 8 for v in local.values()]
+    assert [v["client_steps"] for v in local.values()] == [v["rounds_to_target"] * 20 for v in local.values()]
+    r = sum(rounds) / 2
+    seconds = r * 1e-3 + r * 984 / 1000 + r * 20 * 2e-6
+    cell = next(line for line in md.splitlines() if line.startswith("| Local SGD |") and " s (" in line)
+    assert f"{seconds:.3g} s ({r * 1e-3 * 1e3:.3g} ms latency + {r * 984 / 1000:.3g} s transfer" in cell, cell
+    assert "Crossover latencies" in md and "STL-SGD^sc vs Local SGD" in md
+    for name in ("table_latency.png", "table_compute.png"):
+        with Image.open(tmp_path / "rep" / name) as image:
+            assert image.size[0] > 300 and image.size[1] > 200
+    # A malformed network is one line, before anything is written.
+    assert main(["report", str(out), "--out", str(tmp_path / "bad"), "--network", "latency=0ms,bandwidth=1Gbit"]) == 2
+    assert capsys.readouterr().err.strip() == "stlsgd: error: --network: latency: must be > 0, got '0ms'"
+    assert not (tmp_path / "bad").exists()
+    assert main(["report", str(out), "--out", str(tmp_path / "bad"), "--select", "time"]) == 2
+    assert "--select time: needs --network" in capsys.readouterr().err

@@ -234,9 +234,9 @@ def time_section(sweeps: list[dict[str, Any]], network: Network, select: str) ->
 
 def write_report(dirs: list[Path], out: Path, prefix: str = "table", *, network: Network | None = None,
                  select: str = "rounds") -> list[Path]:
-    """Write NAME.md, NAME.csv, NAME_rounds.png and NAME_epochs.png, and with a ``network`` the predicted time
-    to target (in NAME.md) with NAME_latency.png (time against latency) and NAME_compute.png (rounds against
-    client-steps); returns their paths."""
+    """Write NAME.md (with the computation and communication to the target), NAME.csv, NAME_rounds.png,
+    NAME_epochs.png and NAME_compute.png (rounds against client-steps), and with a ``network`` the predicted time
+    to target (in NAME.md) and NAME_latency.png (time against latency); returns their paths."""
     if select not in ("rounds", "time"):
         raise StlsgdError(f"--select: rounds or time, got {select!r}")
     if select == "time" and network is None:
@@ -265,8 +265,7 @@ def write_report(dirs: list[Path], out: Path, prefix: str = "table", *, network:
     rounds = panels_figure(_panels(sweeps, "round"), "communication rounds", out / f"{prefix}_rounds.png", log_x=True)
     epochs = panels_figure(_panels(sweeps, "epochs"), "epochs (samples by all clients / n)",
                            out / f"{prefix}_epochs.png", log_x=True)
-    written = [md, csv_path, rounds, epochs]
+    written = [md, csv_path, rounds, epochs, compute_figure(sweeps, out / f"{prefix}_compute.png")]
     if network is not None:
-        written += [latency_figure(sweeps, network, out / f"{prefix}_latency.png"),
-                    compute_figure(sweeps, out / f"{prefix}_compute.png")]
+        written.append(latency_figure(sweeps, network, out / f"{prefix}_latency.png"))
     return written
