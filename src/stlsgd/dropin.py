@@ -130,7 +130,7 @@ class PlanAverager:
         self.plan_lr, self.optimizer_state, self.lr_group, self.outer = plan_lr, optimizer_state, lr_group, outer
         self._job: distributed.Job | None = None
         if group is not None or dist.is_initialized() or distributed.launched():
-            self._job = distributed.join(group=group)
+            self._job = distributed.join(group=group, timed_group=False)
         self.group = None if self._job is None else self._job.group
         self.world_size = 1 if self._job is None else self._job.world
         self.rank = 0 if self._job is None else self._job.rank

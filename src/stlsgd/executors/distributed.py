@@ -102,11 +102,14 @@ class Job:
             dist.destroy_process_group(self.group)
 
 
-def join(comm_backend: str = "auto", group: dist.ProcessGroup | None = None) -> Job:
+def join(comm_backend: str = "auto", group: dist.ProcessGroup | None = None, *, timed_group: bool = True) -> Job:
     """Join the job torchrun started (``env://``), or the caller's existing default group.
 
-    The default group gets a long timeout for setup; the rounds' collectives go through a second group over
-    the same ranks whose timeout is :func:`collective_timeout`, so a dead or stuck peer is noticed quickly.
+    ``timed_group`` (the executor): the default group gets a long timeout for setup, and the rounds'
+    collectives go through a second group over the same ranks whose timeout is :func:`collective_timeout`, so
+    a dead or stuck peer is noticed quickly; :meth:`Job.close` destroys both. Without it (the drop-in, which a
+    user's script outlives) no second group is made: a default group made here gets the collective timeout,
+    an existing one is used as it is, and nothing is left for the interpreter's exit to tear down out of order.
     A caller's own ``group`` is used as it is.
     """
     timeout = collective_timeout()
@@ -121,7 +124,9 @@ def join(comm_backend: str = "auto", group: dist.ProcessGroup | None = None) -> 
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             device_id = torch.device("cuda", torch.cuda.current_device())
-        dist.init_process_group(backend, timeout=SETUP_TIMEOUT, device_id=device_id)
+        dist.init_process_group(backend, timeout=SETUP_TIMEOUT if timed_group else timeout, device_id=device_id)
+    if not timed_group:
+        return Job(dist.group.WORLD, dist.get_backend(), owns_default=False, owns_group=False)
     return Job(dist.new_group(timeout=timeout), dist.get_backend(), owns_default=owns)
 
 
