@@ -128,12 +128,14 @@ class PlanAverager:
         if log_every is not None and log_every < 1:
             raise StlsgdError(f"log_every: must be >= 1 round, got {log_every}")
         self.plan_lr, self.optimizer_state, self.lr_group, self.outer = plan_lr, optimizer_state, lr_group, outer
-        self._job: distributed.Job | None = None
+        # Only the caller's own group is kept: holding the default group's object past the user's
+        # destroy_process_group leaves its destructor to the interpreter's exit (an abort under torchrun);
+        # None means "the default group", looked up at each collective.
+        self.group = group
+        self.world_size, self.rank = 1, 0
         if group is not None or dist.is_initialized() or distributed.launched():
-            self._job = distributed.join(group=group, timed_group=False)
-        self.group = None if self._job is None else self._job.group
-        self.world_size = 1 if self._job is None else self._job.world
-        self.rank = 0 if self._job is None else self._job.rank
+            job = distributed.join(group=group, timed_group=False)
+            self.world_size, self.rank = job.world, job.rank
         if model is not self.module:  # DDP: its gradient all-reduce would undo the point of local steps
             model.require_backward_grad_sync = False
             self._say("DDP's per-step gradient all-reduce is switched off: the model is averaged at the end of "
