@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 
 @dataclass
@@ -38,6 +39,10 @@ def panels_figure(panels: list[Panel], xlabel: str, path: Path, *, log_x: bool =
     ``markers``: each curve drawn as points (one point per row of a table), not lines."""
     n = max(len(panels), 1)
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
+    # One colour per row label across the panels, so a method reads the same in every column.
+    labels = list(dict.fromkeys(c.label for p in panels for c in p.curves))
+    palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
+    colour = {label: palette(i % palette.N) for i, label in enumerate(labels)}
     for ax, panel in zip(axes[0], panels):
         for curve in panel.curves:
             points = [(x, y) for x, y in zip(curve.x, curve.y) if y is not None and math.isfinite(y) and y > 0]
@@ -46,21 +51,38 @@ def panels_figure(panels: list[Panel], xlabel: str, path: Path, *, log_x: bool =
             if points:
                 xs, ys = zip(*points)
                 if markers:
-                    ax.plot(xs, ys, label=curve.label, marker="o", linestyle="none")
+                    ax.plot(xs, ys, label=curve.label, marker="o", linestyle="none", color=colour[curve.label])
                 else:
-                    ax.plot(xs, ys, label=curve.label, linewidth=1.3)
+                    ax.plot(xs, ys, label=curve.label, linewidth=1.3, color=colour[curve.label])
         if panel.target is not None:
             ax.axhline(panel.target, color="grey", linestyle=":", linewidth=1)
         ax.set_yscale("log")
+        _sparse_minor_labels(ax.yaxis)
         if log_x:
             ax.set_xscale("log")
-        ax.set_title(panel.title, fontsize=10)
+            _sparse_minor_labels(ax.xaxis)
+        ax.set_title(panel.title, fontsize=9)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(panel.ylabel)
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no row reached the target", transform=ax.transAxes, ha="center", color="grey")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _sparse_minor_labels(axis) -> None:
+    """On a log axis that spans less than a decade matplotlib labels every minor tick (2, 3, ... 9 x 10^k),
+    and the labels overlap; keep those of 2 and 5 only."""
+    def label(value: float, _pos: int) -> str:
+        if value <= 0:
+            return ""
+        exponent = math.floor(math.log10(value) + 1e-9)
+        mantissa = round(value / 10 ** exponent)
+        return rf"$\mathdefault{{{mantissa}\times10^{{{exponent}}}}}$" if mantissa in (2, 5) else ""
+    axis.set_minor_formatter(FuncFormatter(label))

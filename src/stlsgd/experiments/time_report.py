@@ -158,7 +158,7 @@ def latency_figure(sweeps: list[dict[str, Any]], network: Network, path: Path) -
     latencies = [10 ** (e / 4) for e in range(-24, 5)]  # 1 us .. 10 s
     panels = []
     for best in sweeps:
-        panel = Panel(f"{best['sweep']} (bandwidth {network.bandwidth_Bps * 8 / 1e9:g} Gbit/s, step "
+        panel = Panel(f"{best['sweep']}\n(bandwidth {network.bandwidth_Bps * 8 / 1e9:g} Gbit/s, step "
                       f"{_seconds(network.step_s or 0)})", "time to target (s)")
         for row in row_usages(best):
             if row.usage is None:
