@@ -1,23 +1,26 @@
 """Wall time of the whole Table 2 sweep: the four columns, every method, the paper's full grids.
 
     .venv/bin/python benchmarks/bench_table2.py --data-dir /work/shared/data [--jobs 2] [--out DIR]
-        [--columns a9a_iid mnist_iid ...]
+        [--columns a9a_iid mnist_iid ...] [--sweeps table2plus] [--floor-only]
 
 Prints, per column, the wall time, the runs by status and the summed run time (the serial cost the sweep's
 pruning and parallelism had to absorb), then the total against the 20-minute target (ratio < 1 meets it) and
 the load average, since other processes on the machine slow every figure down. A finished column is skipped
-on a rerun into the same --out (results.jsonl), so time a fresh --out.
+on a rerun into the same --out (results.jsonl), so time a fresh --out. ``--sweeps table2plus`` times the
+Table 2+ files instead (configs/paper/table2plus_*.toml); ``--floor-only`` runs nothing and prints the floor
+of the sweeps already in --out (one directory per file, named after it).
 
-Then, per column, a floor under any schedule of the same grids: the client-steps the Local SGD and STL-SGD
-runs (the bulk of the work) would take had every row's best run finished first, so that every other run is
-pruned as early as the rule allows, times the local-step cost measured on the column's problem afterwards,
-alone on the machine, divided by --jobs. Evaluations, averaging and the k = 1 methods are left out, so the
-sweep cannot beat it; the last line compares the floor's total to the target.
-"""
+Then, per column, a floor under any schedule of the same grids: the client-steps the runs of local methods
+(Local SGD, STL-SGD and the other period schedules: the bulk of the work) would take had every row's best run
+finished first, so that every other run is pruned as early as the rule allows, times the local-step cost
+measured on the column's problem afterwards, alone on the machine, divided by --jobs. Evaluations, averaging
+and the k = 1 methods are left out, so the sweep cannot beat it; the last line compares the floor's total to
+the target."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -26,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from stlsgd.algorithms.registry import REGISTRY, LocalMethodConfig
 from stlsgd.executors.sampling import Sampler
-from stlsgd.experiments.build import build, plan_context
+from stlsgd.experiments.build import build
 from stlsgd.experiments.config import read_raw, validate
 from stlsgd.experiments.sweeps import best_of, current_records, load_sweep, read_results, run_sweep
 from stlsgd.threads import share_cores
@@ -56,6 +60,12 @@ def time_sweeps(configs: list[Path], out: Path, *, jobs: int, data_dir: str | No
         print(f"{column}: wall {wall:.1f} s, {len(records)} runs {statuses}, summed run time {serial:.1f} s "
               f"({ratio}), load {os.getloadavg()[0]:.2f}", flush=True)
     print(f"total: {total:.1f} s for {len(configs)} sweeps; target {target_s:.0f} s; ratio {total / target_s:.2f}")
+    print_floor(configs, out, jobs=jobs, data_dir=data_dir, target_s=target_s)
+    return total
+
+
+def print_floor(configs: list[Path], out: Path, *, jobs: int, data_dir: str | None, target_s: float) -> None:
+    """Print each sweep's floor (see the module's docstring) and their total against the target."""
     floor = 0.0
     for config in configs:
         simulated, needed = local_client_steps(config, out / config.stem)
@@ -65,17 +75,20 @@ def time_sweeps(configs: list[Path], out: Path, *, jobs: int, data_dir: str | No
               f"with every row's best run first; {step_s * 1e9:.0f} ns per client-step -> floor "
               f"{needed * step_s / jobs:.0f} s on {jobs} job(s)", flush=True)
     print(f"floor total: {floor:.0f} s; target {target_s:.0f} s; floor / target {floor / target_s:.2f}")
-    return total
 
 
-LOCAL_METHODS = ("local_sgd", "stl_sc", "stl_nc")  # the methods with local steps between averages
+def _local(method: str) -> bool:
+    """A method with local steps between averages (the bulk of a sweep's work)."""
+    return issubclass(REGISTRY[method], LocalMethodConfig)
 
 
 def local_client_steps(config: Path, sweep_dir: Path) -> tuple[int, int]:
-    """(client-steps the Local SGD and STL-SGD^sc runs of sweep file ``config`` took in ``sweep_dir``, those
-    they need at the least): each grid run stopped at the round after the best finished round count among its
-    rows, or at its own end if earlier or if a row it belongs to has no finished run; seed reruns count whole.
-    Runs of earlier versions of the file are left out, as the sweep leaves them out of its choice."""
+    """(client-steps the runs of local methods took in ``sweep_dir``, summed over clients; those they need at
+    the least): each grid run stopped at the first evaluation at or after the round after the best finished
+    round count among its rows (the sweep prunes at evaluations only), or at its own end if earlier or if a
+    row it belongs to has no finished run; seed reruns count whole. Read from each run's metrics.jsonl, so
+    adaptive schedules count what they did. Runs of earlier versions of the file are left out, as the sweep
+    leaves them out of its choice."""
     sweep = load_sweep(config)
     records = current_records(sweep, read_results(sweep_dir))
     best = {label: best_of(records, label) for label in sweep.labels}
@@ -86,17 +99,17 @@ def local_client_steps(config: Path, sweep_dir: Path) -> tuple[int, int]:
         first.setdefault(r["key"], r)
     simulated = needed = 0
     for key, r in first.items():
-        if r["method"] not in LOCAL_METHODS:
+        if not _local(r["method"]):
             continue
-        exp = validate(read_raw(sweep_dir / r["run_dir"] / "config.yaml"), r["run_dir"])
         bounds = [best[label] and best[label]["rounds_to_target"] for label in labels[key]]
         stop = r["rounds"]
         if r["phase"] == "grid" and None not in bounds:
             stop = min(stop, max(bounds) + 1)
-        plan = exp.algorithm.plan(plan_context(exp, r["num_samples"], exp.problem.lam or 1.0 / r["num_samples"]))
-        per_step = exp.data.num_clients * exp.algorithm.batch
-        simulated += r["iterations"] * per_step
-        needed += next(rnd.end_iteration for rnd in plan.rounds() if rnd.index + 1 >= stop) * per_step
+        lines = [json.loads(line) for line in (sweep_dir / r["run_dir"] / "metrics.jsonl").read_text().splitlines()]
+        exp = validate(read_raw(sweep_dir / r["run_dir"] / "config.yaml"), r["run_dir"])
+        clients = exp.data.num_clients
+        simulated += r["iterations"] * exp.algorithm.batch * clients
+        needed += next((m for m in lines if m["round"] >= stop), lines[-1])["client_steps"] * clients
     return simulated, needed
 
 
@@ -105,7 +118,7 @@ def local_step_seconds(config: Path, data_dir: str | None, jobs: int) -> float:
     partition at its rows' batch, with a sweep worker's share of the cores (best of several calls, fresh rows
     each call: 30 calls of 400 steps for the compiled logistic kernels, 5 of 10 for a network)."""
     share_cores(jobs)
-    spec = next(s for s in load_sweep(config).grid if s.method in LOCAL_METHODS)
+    spec = next(s for s in load_sweep(config).grid if _local(s.method))
     exp = validate(spec.config, str(config))
     built = build(exp, data_dir)
     steps, repeats = (10, 5) if exp.problem.kind == "net" else (400, 30)
@@ -131,11 +144,19 @@ def main() -> None:
     parser.add_argument("--columns", nargs="+", default=list(COLUMNS), choices=COLUMNS + ("a9a_iid_split",))
     parser.add_argument("--limit", type=int, default=None,
                         help="only the first N settings of each row (a probe; the target is for the full grids)")
+    parser.add_argument("--sweeps", choices=("table2", "table2plus"), default="table2",
+                        help="the sweep files: the paper's Table 2 (default) or Table 2+ (configs/paper/table2plus_*)")
+    parser.add_argument("--floor-only", action="store_true",
+                        help="run nothing: print the floor of the sweeps already in --out (e.g. ones run by hand)")
     args = parser.parse_args()
+    if args.floor_only and not args.out:
+        parser.error("--floor-only: needs --out, the directory holding the sweeps")
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_table2_"))
-    configs = [ROOT / "configs" / "paper" / f"table2_{column}.toml" for column in args.columns]
-    time_sweeps(configs, out, jobs=args.jobs, data_dir=args.data_dir, limit=args.limit, target_s=TARGET_S)
-
+    configs = [ROOT / "configs" / "paper" / f"{args.sweeps}_{column}.toml" for column in args.columns]
+    if args.floor_only:
+        print_floor(configs, out, jobs=args.jobs, data_dir=args.data_dir, target_s=TARGET_S)
+    else:
+        time_sweeps(configs, out, jobs=args.jobs, data_dir=args.data_dir, limit=args.limit, target_s=TARGET_S)
 
 if __name__ == "__main__":
     main()
