@@ -1,21 +1,14 @@
-"""Helpers for the distributed tests: in-process gloo groups on threads, free loopback ports, launch env."""
+"""Helpers for the distributed tests: in-process gloo groups on threads; launching (tests/launch.py) re-exported."""
 
 from __future__ import annotations
 
-import os
-import socket
-import sys
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = sys.executable
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+from launch import PYTHON, REPO, TORCHRUN, free_port, launch_env  # noqa: F401  (re-exported to the tests)
 
 
 def on_thread_ranks(world: int, fn: Callable[[dist.ProcessGroup], Any], timeout_s: float = 20.0) -> list[Any]:
@@ -43,20 +36,3 @@ def on_thread_ranks(world: int, fn: Callable[[dist.ProcessGroup], Any], timeout_
     if errors:
         raise errors[0]
     return results
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def launch_env(**extra: str) -> dict[str, str]:
-    """Environment for launched ranks: loopback only, one thread each, the repo's sources importable."""
-    env = dict(os.environ)
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")])))
-    env.update(extra)
-    return env
