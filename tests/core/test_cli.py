@@ -90,3 +90,27 @@ def test_data_list_names_the_paper_sets(capsys):
     assert main(["data", "list"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert {"a9a", "mnist49", "digits49", "cifar10"} <= set(names)
+
+
+def test_calibrate_writes_a_profile_that_network_reads(tmp_path, shared_data, capsys):
+    """Two gloo processes on loopback measure c, alpha and beta of the digits problem; the profile is read back."""
+    from stlsgd.costmodel import parse_network
+
+    config = tmp_path / "digits.toml"
+    config.write_text('[data]\ndataset = "digits49"\nnum_clients = 4\n[algorithm]\nmethod = "local_sgd"\n'
+                      'lr = 0.5\nk = 10\nbatch = 4\n[run]\ntarget_gap = "none"\nmax_rounds = 5\n')
+    profile = tmp_path / "profile.json"
+    assert main(["calibrate", str(config), "--out", str(profile), "--data-dir", str(shared_data)]) == 0
+    assert f"profile: {profile}" in capsys.readouterr().out
+    saved = json.loads(profile.read_text())
+    measured = saved["measured"]
+    assert saved["problem"] == {"dataset": "digits49"}
+    assert measured["steps_per_call"] == 10 and measured["batch"] == 4 and measured["world_size"] == 2
+    # c is one client's round of local steps per sample; alpha is at least the bare collective's round trip.
+    assert saved["step_s"] == measured["round_compute_s"] / 40 > 0
+    assert saved["latency_s"] >= measured["tiny_average_s"] > 0 and saved["bandwidth_Bps"] > 0
+    network = parse_network(str(profile))
+    assert (network.latency_s, network.step_s) == (saved["latency_s"], saved["step_s"])
+    # --out naming a directory is refused in one line before anything runs.
+    assert main(["calibrate", str(config), "--out", str(tmp_path), "--data-dir", str(shared_data)]) == 2
+    assert capsys.readouterr().err.strip() == f"stlsgd: error: {tmp_path}: is a directory; --out names the profile file to write"

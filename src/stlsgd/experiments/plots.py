@@ -78,9 +78,11 @@ def panels_figure(panels: list[Panel], xlabel: str, path: Path, *, log_x: bool =
 
 def _sparse_minor_labels(axis) -> None:
     """On a log axis that spans less than a decade matplotlib labels every minor tick (2, 3, ... 9 x 10^k),
-    and the labels overlap; keep those of 2 and 5 only."""
+    and the labels overlap; keep those of 2 and 5 only, and none where the axis spans two decades or more (its
+    major ticks are labelled enough)."""
     def label(value: float, _pos: int) -> str:
-        if value <= 0:
+        low, high = sorted(axis.get_view_interval())
+        if value <= 0 or low <= 0 or high / low >= 100:
             return ""
         exponent = math.floor(math.log10(value) + 1e-9)
         mantissa = round(value / 10 ** exponent)

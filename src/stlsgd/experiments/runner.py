@@ -176,6 +176,7 @@ def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar
                                 control=None if s.control is None else {
                                     k: v[topology.clients] for k, v in like(s.control).items()},
                                 control_mean=like(s.control_mean), outer_momentum=like(s.outer_momentum))
+    b.problem.warm_up()
     started = time.perf_counter() - state.wall_s
     every = start.checkpoint_every
 

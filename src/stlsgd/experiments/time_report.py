@@ -178,7 +178,7 @@ def compute_figure(sweeps: list[dict[str, Any]], path: Path) -> Path:
             if row.usage is not None:
                 panel.curves.append(Curve(row.label, [row.usage.client_steps], [row.usage.rounds]))
         panels.append(panel)
-    return panels_figure(panels, "client-steps to target (samples one client processed)", path, log_x=True,
+    return panels_figure(panels, "client-steps to target (samples per client)", path, log_x=True,
                          markers=True)
 
 

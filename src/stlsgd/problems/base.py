@@ -49,6 +49,10 @@ class Problem(Protocol):
         or None.
         """
 
+    def warm_up(self) -> None:
+        """Load or compile what the first local step needs (numba kernels), so that a run's clock (wall_s,
+        compute_s) times its rounds and not the process's start-up."""
+
     def evaluate(self, state: State) -> Evaluation:
         """Objective and accuracy of the model held by client 0 (called right after an average)."""
 

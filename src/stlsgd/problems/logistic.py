@@ -282,6 +282,11 @@ class LogisticRegression:
         else:
             _local_steps(*args, delta, min(numba.get_num_threads(), W.shape[0]))
 
+    def warm_up(self) -> None:
+        # Loading the cached kernels initialises LLVM: about a second, once per process. One step of lr 0 on a
+        # throwaway model pays it here; no sample is drawn, so the run's random stream is untouched.
+        self.local_steps(self.init_state(1), np.zeros((1, 1, 1), dtype=np.int64), np.zeros(1), None)
+
     def sync_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> None:
         """``local_steps`` followed by the mean after every step, for clients that start equal (k = 1): the
         numbers of rounds of one step each, bit for bit, without a trip through Python per round."""

@@ -179,6 +179,9 @@ class NeuralNetProblem:
 
     # ------------------------------------------------------------------ evaluation
 
+    def warm_up(self) -> None:
+        """Nothing to compile: torch runs eagerly."""
+
     def evaluate(self, state: State) -> Evaluation:
         """Training loss and accuracy of client 0's model (the average, right after a round) in eval mode."""
         weights = {n: state[n][0] for n in self.param_names + self.buffer_names}
