@@ -8,10 +8,11 @@ and measures, at the same time as the others, what the torch.distributed executo
 - beta: the average the executor runs every round (:func:`group_mean`: an all-gather of the clients' models for
   the logistic problem, one all-reduce for networks) of a large state (the model's size, at least 16 MiB):
   its bytes over its median time beyond that of an 8-byte state;
-- alpha: what a round costs beyond its computation and transfer: the median round (local steps, then the
-  average of the model, with no barrier, as the executor runs them) minus the median local steps and the
-  model's bytes / beta. It thus holds the per-round costs the executor pays and the cost model charges to
-  latency: the collective's round trip, the wait for the slowest rank and the round's own bookkeeping.
+- alpha: what a round costs beyond its computation and transfer: the median round (local steps, a 1 ms sleep
+  standing in for the wait on the network, then the average of the model, with no barrier, as the executor runs
+  them), less the sleep, the median local steps and the model's bytes / beta. It thus holds the per-round costs
+  the executor pays and the cost model charges to latency: the collective's round trip, the wait for the slowest
+  rank, waking from the wait, and the round's own bookkeeping.
 
 The profile (JSON, :func:`stlsgd.costmodel.write_profile`) is what ``--network PROFILE`` reads; it records the
 dataset it was measured on, and a report on another dataset refuses it.
@@ -38,6 +39,7 @@ from stlsgd.experiments.build import Built, build
 from stlsgd.experiments.config import Experiment
 
 BIG_BYTES = 16 * 2**20
+IDLE_S = 1e-3
 
 
 def _round_figures(exp: Experiment, built: Built, group: dist.ProcessGroup | None, reps: int,
@@ -66,8 +68,14 @@ def _round_figures(exp: Experiment, built: Built, group: dist.ProcessGroup | Non
     for _ in range(reps):
         started = time.perf_counter()
         local_steps()
+        # A real round waits for the network, and a process that waits is descheduled: it pays to wake up
+        # (a cold cache, a slower first step). A short sleep stands in for that wait; its own length is not
+        # charged to the round.
+        slept = time.perf_counter()
+        time.sleep(IDLE_S)
+        slept = time.perf_counter() - slept
         group_mean(state, world, group)
-        rounds.append(time.perf_counter() - started)
+        rounds.append(time.perf_counter() - started - slept)
     # Synchronous rounds go at the pace of the slowest rank: keep its figures.
     slowest = torch.tensor([statistics.median(compute), statistics.median(rounds)], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
@@ -104,7 +112,9 @@ def measure(exp: Experiment, built: Built, model_bytes: int, group: dist.Process
     tiny_s = _average_seconds(tiny, world, group, reps)
     big_s = _average_seconds(big, world, group, max(5, reps // 5))
     beta = big_bytes / max(big_s - tiny_s, 1e-9)
-    rounds = _round_figures(exp, built, group, reps if exp.problem.kind == "logistic" else 5, beta, model_bytes)
+    # The per-round overhead is a small difference of noisy times: many short rounds for the logistic problem,
+    # a few for networks, whose steps take milliseconds.
+    rounds = _round_figures(exp, built, group, 4 * reps if exp.problem.kind == "logistic" else 5, beta, model_bytes)
     # A round can never cost less than the bare collective's round trip (the difference is timing noise).
     latency = max(rounds["round_overhead_s"], tiny_s)
     return {"latency_s": latency, "bandwidth_Bps": beta, **rounds, "tiny_average_s": tiny_s,
