@@ -71,7 +71,7 @@ def print_floor(configs: list[Path], out: Path, *, jobs: int, data_dir: str | No
         simulated, needed = local_client_steps(config, out / config.stem)
         step_s = local_step_seconds(config, data_dir, jobs)
         floor += needed * step_s / jobs
-        print(f"{config.stem}: Local SGD + STL-SGD client-steps {simulated / 1e9:.2f} G simulated, {needed / 1e9:.2f} G "
+        print(f"{config.stem}: local methods' client-steps {simulated / 1e9:.2f} G simulated, {needed / 1e9:.2f} G "
               f"with every row's best run first; {step_s * 1e9:.0f} ns per client-step -> floor "
               f"{needed * step_s / jobs:.0f} s on {jobs} job(s)", flush=True)
     print(f"floor total: {floor:.0f} s; target {target_s:.0f} s; floor / target {floor / target_s:.2f}")
