@@ -1,6 +1,6 @@
 """Wall time of the whole Table 2 sweep: the four columns, every method, the paper's full grids.
 
-    .venv/bin/python benchmarks/bench_table2.py --data-dir /work/shared/data [--jobs 2] [--out DIR]
+    .venv/bin/python benchmarks/bench_table2.py --data-dir ../shared/data [--jobs 2] [--out DIR]
         [--columns a9a_iid mnist_iid ...] [--sweeps table2plus] [--floor-only]
 
 Prints, per column, the wall time, the runs by status and the summed run time (the serial cost the sweep's

@@ -1,6 +1,6 @@
 """Wall time of the whole CPU-scale Table 3: both sweep files of configs/cpu (IID and Non-IID), every method.
 
-    .venv/bin/python benchmarks/bench_table3.py --data-dir /work/shared/data [--jobs 2] [--out DIR]
+    .venv/bin/python benchmarks/bench_table3.py --data-dir ../shared/data [--jobs 2] [--out DIR]
 
 Prints, per sweep, the wall time, the runs by status and the summed run time, then the total against a
 30-minute target (ratio < 1 meets it) and the load average, then the floor of bench_table2 (the Local SGD and
