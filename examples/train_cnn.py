@@ -5,7 +5,7 @@ end of each round every process's parameters, BatchNorm statistics and momentum 
 processes. The period follows the learning rate the loop's own StepLR sets (LR-coupled STL: k = k1 eta_1 / eta,
 the paper's eta k = constant), so it doubles each time the scheduler halves the lr.
 
-    torchrun --nproc_per_node=2 examples/train_cnn.py --data-dir /work/shared/data
+    torchrun --nproc_per_node=2 examples/train_cnn.py --data-dir ../shared/data
     python examples/train_cnn.py              # one process, synthetic data if MNIST is not found
 
 No torchvision: the images come from stlsgd's MNIST reader (or are synthetic when --data-dir is missing).

@@ -33,16 +33,19 @@ class RowUsage:
 
 
 def _sweep_file(best: dict[str, Any]) -> Path | None:
-    """The sweep file best.json names, or the same file under ./configs when it was recorded elsewhere."""
+    """The sweep file best.json names; when it was recorded on another machine (or relative to a repository
+    root), the same ``configs/...`` path under the working directory or under a folder above the sweep's own."""
     path = Path(best.get("config", ""))
     if path.is_file():
         return path
     parts = path.parts
-    if "configs" in parts:
-        local = Path(*parts[parts.index("configs"):])
-        if local.is_file():
-            return local
-    return None
+    if "configs" not in parts:
+        return None
+    local = Path(*parts[parts.index("configs"):])
+    roots = [Path.cwd()]
+    if "_dir" in best:
+        roots += list(Path(best["_dir"]).resolve().parents)
+    return next((root / local for root in roots if (root / local).is_file()), None)
 
 
 def _rebuilt(best: dict[str, Any], label: str, info: dict[str, Any], seed: str, rec: dict[str, Any]) -> Usage | None:
