@@ -70,8 +70,10 @@ def _worker(rank: int, world: int, port: int, rounds: int, repeats: int) -> None
         t_theirs.append(_timed(theirs_round, rounds))
     if rank == 0:
         a, b = statistics.median(t_ours) * 1e3, statistics.median(t_theirs) * 1e3
-        print(f"ResNet18: {params / 1e6:.2f}M parameters + {buffers / 1e3:.1f}k float buffers, {world} gloo ranks, "
-              f"{rounds} rounds x {repeats} repeats")
+        print(
+            f"ResNet18: {params / 1e6:.2f}M parameters + {buffers / 1e3:.1f}k float buffers, {world} gloo ranks, "
+            f"{rounds} rounds x {repeats} repeats"
+        )
         print(f"ours (flat buffer, params + buffers): {a:8.2f} ms/round")
         print(f"PeriodicModelAverager (params only):  {b:8.2f} ms/round")
         print(f"ratio PeriodicModelAverager / ours:   {b / a:8.2f}x")

@@ -76,21 +76,44 @@ def main() -> None:
             path.write_text(CONFIG.format(name=method, method=method, extra=extra))
             configs[label] = path
         profile = tmp_path / "profile.json"
-        subprocess.run([*STLSGD, "calibrate", configs["Local SGD"], "--out", profile, *data], check=True, cwd=ROOT,
-                       env=_env())
+        subprocess.run(
+            [*STLSGD, "calibrate", configs["Local SGD"], "--out", profile, *data], check=True, cwd=ROOT, env=_env()
+        )
         network = read_profile(profile)
-        print(f"calibrated: alpha {network.latency_s * 1e6:.0f} us, beta {network.bandwidth_Bps / 1e6:.1f} MB/s, "
-              f"c {network.step_s * 1e9:.1f} ns per client-step\n")
+        print(
+            f"calibrated: alpha {network.latency_s * 1e6:.0f} us, beta {network.bandwidth_Bps / 1e6:.1f} MB/s, "
+            f"c {network.step_s * 1e9:.1f} ns per client-step\n"
+        )
         print("| method | injected latency | rounds | client-steps | predicted s | measured s | error |")
         print("|---|---|---|---|---|---|---|")
         worst = 0.0
         for label, config in configs.items():
             for latency in args.latencies:
                 out = tmp_path / f"{config.stem}-{latency}"
-                subprocess.run([TORCHRUN, "--nproc_per_node=2", "--rdzv-backend=c10d",
-                                f"--rdzv-endpoint=127.0.0.1:{_port()}", "-m", "stlsgd", "run", config, "--backend",
-                                "dist", "--quiet", "--out", out, "--inject-latency", latency, *data],
-                               check=True, cwd=ROOT, env=_env(), capture_output=True)
+                subprocess.run(
+                    [
+                        TORCHRUN,
+                        "--nproc_per_node=2",
+                        "--rdzv-backend=c10d",
+                        f"--rdzv-endpoint=127.0.0.1:{_port()}",
+                        "-m",
+                        "stlsgd",
+                        "run",
+                        config,
+                        "--backend",
+                        "dist",
+                        "--quiet",
+                        "--out",
+                        out,
+                        "--inject-latency",
+                        latency,
+                        *data,
+                    ],
+                    check=True,
+                    cwd=ROOT,
+                    env=_env(),
+                    capture_output=True,
+                )
                 s = json.loads((out / "summary.json").read_text())
                 alpha = network.latency_s + parse_seconds(latency, "--latencies")
                 from stlsgd.costmodel import Network
@@ -99,8 +122,11 @@ def main() -> None:
                 predicted = predict(s["rounds"], s["bytes_per_client"], s["client_steps"], at).total_s
                 error = predicted / s["wall_s"] - 1.0
                 worst = max(worst, abs(error))
-                print(f"| {label} | {latency} | {s['rounds']} | {s['client_steps']} | {predicted:.2f} | "
-                      f"{s['wall_s']:.2f} | {100 * error:+.1f}% |", flush=True)
+                print(
+                    f"| {label} | {latency} | {s['rounds']} | {s['client_steps']} | {predicted:.2f} | "
+                    f"{s['wall_s']:.2f} | {100 * error:+.1f}% |",
+                    flush=True,
+                )
         print(f"\nworst error {100 * worst:.1f}% (goal: within 15%)")
 
 

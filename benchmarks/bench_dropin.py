@@ -45,19 +45,36 @@ MAIN = [
     ("stlsgd QSR, H_base 2, alpha 0.2", ["--schedule", "qsr", "--k", "2", "--alpha", "0.2"]),
     ("stlsgd post-local, 100 + period 4", ["--schedule", "postlocal", "--k", "4"]),
 ]
-GAMMA = [(f"STL gamma {g or 'none'}, k1 {k}, T1 {t}",
-          ["--schedule", "stl", "--k", str(k), "--T1", str(t), *(["--gamma", g] if g else [])])
-         for g in (None, "1e4", "1e2", "10") for k in (2, 4) for t in (100, 200)]
-STATE = [(f"{name}, optimizer state {policy}", [*args, "--optimizer-state", policy])
-         for name, args in (("fixed period 4", ["--schedule", "fixed", "--k", "4"]),
-                            ("LR-coupled STL k1 4", ["--schedule", "lrc", "--k", "4"]))
-         for policy in ("average", "keep", "reset")]
-OUTER = [(f"{name}, {how}", [*args, *extra])
-         for name, args in (("fixed period 4", ["--schedule", "fixed", "--k", "4"]),
-                            ("LR-coupled STL k1 4", ["--schedule", "lrc", "--k", "4"]))
-         for how, extra in (("plain averaging", []), ("outer step 1.0, 0 (plain averaging again)", ["--outer", "1.0,0"]),
-                            ("DiLoCo outer step 0.7, 0.9", ["--outer", "0.7,0.9"]),
-                            ("outer step 0.7, 0.5", ["--outer", "0.7,0.5"]))]
+GAMMA = [
+    (
+        f"STL gamma {g or 'none'}, k1 {k}, T1 {t}",
+        ["--schedule", "stl", "--k", str(k), "--T1", str(t), *(["--gamma", g] if g else [])],
+    )
+    for g in (None, "1e4", "1e2", "10")
+    for k in (2, 4)
+    for t in (100, 200)
+]
+STATE = [
+    (f"{name}, optimizer state {policy}", [*args, "--optimizer-state", policy])
+    for name, args in (
+        ("fixed period 4", ["--schedule", "fixed", "--k", "4"]),
+        ("LR-coupled STL k1 4", ["--schedule", "lrc", "--k", "4"]),
+    )
+    for policy in ("average", "keep", "reset")
+]
+OUTER = [
+    (f"{name}, {how}", [*args, *extra])
+    for name, args in (
+        ("fixed period 4", ["--schedule", "fixed", "--k", "4"]),
+        ("LR-coupled STL k1 4", ["--schedule", "lrc", "--k", "4"]),
+    )
+    for how, extra in (
+        ("plain averaging", []),
+        ("outer step 1.0, 0 (plain averaging again)", ["--outer", "1.0,0"]),
+        ("DiLoCo outer step 0.7, 0.9", ["--outer", "0.7,0.9"]),
+        ("outer step 0.7, 0.5", ["--outer", "0.7,0.5"]),
+    )
+]
 TABLES = {"main": MAIN, "gamma": GAMMA, "state": STATE, "outer": OUTER}
 
 
@@ -74,12 +91,28 @@ def launch(args: list[str], seed: int, data_dir: str | None, tries: int = 3) -> 
     """One run's result line. A run whose rank aborts while its interpreter exits (SIGABRT, "terminate called
     without an active exception", seen about once in 50 runs on this loaded 2-core machine, after the result was
     printed) is run again, up to ``tries`` times, and counted in ABORTS; any other failure stops the benchmark."""
-    cmd = [TORCHRUN, "--nproc_per_node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_port()}", str(SCRIPT),
-           "--seed", str(seed), *(["--data-dir", data_dir] if data_dir else []), *args]
+    cmd = [
+        TORCHRUN,
+        "--nproc_per_node=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{_port()}",
+        str(SCRIPT),
+        "--seed",
+        str(seed),
+        *(["--data-dir", data_dir] if data_dir else []),
+        *args,
+    ]
     if "--mode" not in args:
         cmd += ["--mode", "stlsgd"]
-    result = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
+    result = subprocess.run(
+        cmd,
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"},
+    )
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if "terminate called without an active exception" in result.stderr and tries > 1:
         ABORTS.append(" ".join(cmd))
@@ -99,9 +132,11 @@ def table(rows: list[tuple[str, list[str]]], seeds: list[int], data_dir: str | N
         acc = [r["accuracy"] for r in runs]
         mean = {k: statistics.mean(r[k] for r in runs) for k in ("syncs", "allreduces", "mbytes", "wall_s")}
         out[label] = {**mean, "accuracy": statistics.mean(acc), "accuracies": acc}
-        print(f"| {label} | {mean['syncs']:.0f} | {mean['allreduces']:.0f} | {mean['mbytes']:.1f} | "
-              f"{mean['wall_s']:.2f} | {100 * statistics.mean(acc):.2f} ({', '.join(f'{100 * a:.2f}' for a in acc)}) |",
-              flush=True)
+        print(
+            f"| {label} | {mean['syncs']:.0f} | {mean['allreduces']:.0f} | {mean['mbytes']:.1f} | "
+            f"{mean['wall_s']:.2f} | {100 * statistics.mean(acc):.2f} ({', '.join(f'{100 * a:.2f}' for a in acc)}) |",
+            flush=True,
+        )
     return out
 
 
@@ -116,16 +151,23 @@ def main() -> None:
         result = table(TABLES[name], args.seeds, args.data_dir)
         if name == "main":
             ddp, pma = result["DDP"], result["PeriodicModelAverager, period 4"]
-            best = max((r for label, r in result.items() if label.startswith("stlsgd")
-                        and r["syncs"] <= ddp["syncs"] / 4), key=lambda r: r["accuracy"], default=None)
+            best = max(
+                (r for label, r in result.items() if label.startswith("stlsgd") and r["syncs"] <= ddp["syncs"] / 4),
+                key=lambda r: r["accuracy"],
+                default=None,
+            )
             lrc = result["stlsgd LR-coupled STL, k1 4"]
             if best is not None:
                 label = next(k for k, v in result.items() if v is best)
-                print(f"\ngoal 1: {label}: accuracy {100 * best['accuracy']:.2f} against DDP's "
-                      f"{100 * ddp['accuracy']:.2f} (goal: at most 0.5 points below) with "
-                      f"{best['syncs'] / ddp['syncs']:.3f} of its syncs (goal <= 0.25)")
-            print(f"goal 2: LR-coupled STL {100 * lrc['accuracy']:.2f} vs PeriodicModelAverager "
-                  f"{100 * pma['accuracy']:.2f} (goal >=), syncs {lrc['syncs']:.0f} vs {pma['syncs']:.0f} (goal <)")
+                print(
+                    f"\ngoal 1: {label}: accuracy {100 * best['accuracy']:.2f} against DDP's "
+                    f"{100 * ddp['accuracy']:.2f} (goal: at most 0.5 points below) with "
+                    f"{best['syncs'] / ddp['syncs']:.3f} of its syncs (goal <= 0.25)"
+                )
+            print(
+                f"goal 2: LR-coupled STL {100 * lrc['accuracy']:.2f} vs PeriodicModelAverager "
+                f"{100 * pma['accuracy']:.2f} (goal >=), syncs {lrc['syncs']:.0f} vs {pma['syncs']:.0f} (goal <)"
+            )
     if ABORTS:
         print(f"\n{len(ABORTS)} run(s) aborted at exit and were run again (listed on stderr)")
 

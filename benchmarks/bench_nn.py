@@ -81,8 +81,10 @@ def main() -> None:
             best = min(best, time.perf_counter() - t0)
         results[name] = images / best
         print(f"{name:>16}: {images / best:10.0f} images/s  ({best:.3f} s for {images} images, best of {args.repeats})")
-    print(f"model={args.model} clients={args.clients} batch={args.batch} device={device} "
-          f"threads={torch.get_num_threads()}")
+    print(
+        f"model={args.model} clients={args.clients} batch={args.batch} device={device} "
+        f"threads={torch.get_num_threads()}"
+    )
     print(f"speed-up vectorised / loop: {results['vectorised'] / results['per-client loop']:.2f}x")
 
 

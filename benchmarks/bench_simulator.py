@@ -86,9 +86,13 @@ def main() -> None:
     fast, _ = simulator_rate(problem, partition, args.k, args.iterations, args.lr)
 
     print(f"a9a, 32 clients, batch 1, Local SGD k={args.k}; load average {os.getloadavg()[0]:.2f}")
-    print(f"simulator: {fast:12,.0f} global iterations/s ({32 * fast:,.0f} client-steps/s) over {args.iterations:,} iterations")
+    print(
+        f"simulator: {fast:12,.0f} global iterations/s ({32 * fast:,.0f} client-steps/s) over {args.iterations:,} iterations"
+    )
     print(f"naive loop: {naive:11,.0f} global iterations/s over {args.naive_iterations:,} iterations")
-    print(f"ratio:      {fast / naive:11,.1f}x   (max |param difference| after {args.naive_iterations} iterations: {err:.2e})")
+    print(
+        f"ratio:      {fast / naive:11,.1f}x   (max |param difference| after {args.naive_iterations} iterations: {err:.2e})"
+    )
 
 
 if __name__ == "__main__":

@@ -41,10 +41,11 @@ COLUMNS = ("a9a_iid", "a9a_noniid", "mnist_iid", "mnist_noniid")
 TARGET_S = 20 * 60
 
 
-def time_sweeps(configs: list[Path], out: Path, *, jobs: int, data_dir: str | None, limit: int | None,
-                target_s: float) -> float:
+def time_sweeps(
+    configs: list[Path], out: Path, *, jobs: int, data_dir: str | None, limit: int | None, target_s: float
+) -> float:
     """Run each sweep file into ``out`` in turn, print its wall time and runs, then the total; return it."""
-    grids = "first {} setting(s) of each row".format(limit) if limit else "full grids"
+    grids = f"first {limit} setting(s) of each row" if limit else "full grids"
     print(f"load average before: {os.getloadavg()}, jobs={jobs}, {grids}, out={out}", flush=True)
     total = 0.0
     for config in configs:
@@ -57,8 +58,11 @@ def time_sweeps(configs: list[Path], out: Path, *, jobs: int, data_dir: str | No
         serial = sum(r["wall_s"] or 0.0 for r in records)
         statuses = dict(Counter(r["status"] for r in records))
         ratio = f"x{serial / wall:.2f} of wall" if wall >= 1.0 else "all finished before this run"
-        print(f"{column}: wall {wall:.1f} s, {len(records)} runs {statuses}, summed run time {serial:.1f} s "
-              f"({ratio}), load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"{column}: wall {wall:.1f} s, {len(records)} runs {statuses}, summed run time {serial:.1f} s "
+            f"({ratio}), load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
     print(f"total: {total:.1f} s for {len(configs)} sweeps; target {target_s:.0f} s; ratio {total / target_s:.2f}")
     print_floor(configs, out, jobs=jobs, data_dir=data_dir, target_s=target_s)
     return total
@@ -71,9 +75,12 @@ def print_floor(configs: list[Path], out: Path, *, jobs: int, data_dir: str | No
         simulated, needed = local_client_steps(config, out / config.stem)
         step_s = local_step_seconds(config, data_dir, jobs)
         floor += needed * step_s / jobs
-        print(f"{config.stem}: local methods' client-steps {simulated / 1e9:.2f} G simulated, {needed / 1e9:.2f} G "
-              f"with every row's best run first; {step_s * 1e9:.0f} ns per client-step -> floor "
-              f"{needed * step_s / jobs:.0f} s on {jobs} job(s)", flush=True)
+        print(
+            f"{config.stem}: local methods' client-steps {simulated / 1e9:.2f} G simulated, {needed / 1e9:.2f} G "
+            f"with every row's best run first; {step_s * 1e9:.0f} ns per client-step -> floor "
+            f"{needed * step_s / jobs:.0f} s on {jobs} job(s)",
+            flush=True,
+        )
     print(f"floor total: {floor:.0f} s; target {target_s:.0f} s; floor / target {floor / target_s:.2f}")
 
 
@@ -142,12 +149,23 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count())
     parser.add_argument("--out", default=None, help="sweep directories go here (default: a fresh temp dir)")
     parser.add_argument("--columns", nargs="+", default=list(COLUMNS), choices=COLUMNS + ("a9a_iid_split",))
-    parser.add_argument("--limit", type=int, default=None,
-                        help="only the first N settings of each row (a probe; the target is for the full grids)")
-    parser.add_argument("--sweeps", choices=("table2", "table2plus"), default="table2",
-                        help="the sweep files: the paper's Table 2 (default) or Table 2+ (configs/paper/table2plus_*)")
-    parser.add_argument("--floor-only", action="store_true",
-                        help="run nothing: print the floor of the sweeps already in --out (e.g. ones run by hand)")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="only the first N settings of each row (a probe; the target is for the full grids)",
+    )
+    parser.add_argument(
+        "--sweeps",
+        choices=("table2", "table2plus"),
+        default="table2",
+        help="the sweep files: the paper's Table 2 (default) or Table 2+ (configs/paper/table2plus_*)",
+    )
+    parser.add_argument(
+        "--floor-only",
+        action="store_true",
+        help="run nothing: print the floor of the sweeps already in --out (e.g. ones run by hand)",
+    )
     args = parser.parse_args()
     if args.floor_only and not args.out:
         parser.error("--floor-only: needs --out, the directory holding the sweeps")
@@ -157,6 +175,7 @@ def main() -> None:
         print_floor(configs, out, jobs=args.jobs, data_dir=args.data_dir, target_s=TARGET_S)
     else:
         time_sweeps(configs, out, jobs=args.jobs, data_dir=args.data_dir, limit=args.limit, target_s=TARGET_S)
+
 
 if __name__ == "__main__":
     main()

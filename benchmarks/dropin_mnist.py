@@ -64,8 +64,15 @@ def counting_hook(state, bucket):
 
 
 def mlp() -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.BatchNorm1d(256), nn.ReLU(), nn.Linear(256, 128),
-                         nn.ReLU(), nn.Linear(128, 10))
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(784, 256),
+        nn.BatchNorm1d(256),
+        nn.ReLU(),
+        nn.Linear(256, 128),
+        nn.ReLU(),
+        nn.Linear(128, 10),
+    )
 
 
 def load(data_dir: str, train: int) -> tuple[TensorDataset, TensorDataset]:
@@ -75,8 +82,10 @@ def load(data_dir: str, train: int) -> tuple[TensorDataset, TensorDataset]:
     root = resolve_data_dir(data_dir) / "mnist"
     tr = mnist10(root / "train-images-idx3-ubyte.gz", root / "train-labels-idx1-ubyte.gz")
     te = mnist10(root / "t10k-images-idx3-ubyte.gz", root / "t10k-labels-idx1-ubyte.gz")
-    return (TensorDataset(torch.from_numpy(tr.X[:train]), torch.from_numpy(tr.y[:train])),
-            TensorDataset(torch.from_numpy(te.X), torch.from_numpy(te.y)))
+    return (
+        TensorDataset(torch.from_numpy(tr.X[:train]), torch.from_numpy(tr.y[:train])),
+        TensorDataset(torch.from_numpy(te.X), torch.from_numpy(te.y)),
+    )
 
 
 def plan_for(args: argparse.Namespace):
@@ -85,8 +94,13 @@ def plan_for(args: argparse.Namespace):
     if args.schedule == "fixed":
         return LocalSGD(k=args.k)
     if args.schedule == "stl":
-        return STLSGD(T1=args.T1, k1=args.k, gamma=args.gamma, lr=args.lr if args.plan_lr else None,
-                      name="stl_nc" if args.gamma else "stl_sc")
+        return STLSGD(
+            T1=args.T1,
+            k1=args.k,
+            gamma=args.gamma,
+            lr=args.lr if args.plan_lr else None,
+            name="stl_nc" if args.gamma else "stl_sc",
+        )
     if args.schedule == "lrc":
         return LRCoupled(k1=args.k)
     if args.schedule == "qsr":
@@ -162,11 +176,20 @@ def main() -> None:
 
             lr, momentum = (float(v) for v in args.outer.split(","))
             outer = OuterNesterov(lr=lr, momentum=momentum)
-        stl = PlanAverager(net, optimizer, plan_for(args), plan_lr=args.plan_lr,
-                           optimizer_state=args.optimizer_state, **({"outer": outer} if outer else {}))
+        PlanAverager(
+            net,
+            optimizer,
+            plan_for(args),
+            plan_lr=args.plan_lr,
+            optimizer_state=args.optimizer_state,
+            **({"outer": outer} if outer else {}),
+        )
     inner = optimizer.optim if args.mode == "postlocal" else optimizer
-    scheduler = (torch.optim.lr_scheduler.StepLR(inner, 200, 0.5) if args.lr_schedule == "step"
-                 else torch.optim.lr_scheduler.CosineAnnealingLR(inner, args.steps))
+    scheduler = (
+        torch.optim.lr_scheduler.StepLR(inner, 200, 0.5)
+        if args.lr_schedule == "step"
+        else torch.optim.lr_scheduler.CosineAnnealingLR(inner, args.steps)
+    )
     sampler = DistributedSampler(train, seed=args.seed)
     loader = DataLoader(train, batch_size=32, sampler=sampler, drop_last=True)
 
@@ -195,17 +218,37 @@ def main() -> None:
         accuracy = float((model(X).argmax(1) == Y).float().mean())
     params = torch.cat([t.detach().reshape(-1) for t in model.state_dict().values() if t.is_floating_point()])
     momentum = [inner.state[p_].get("momentum_buffer") for p_ in model.parameters()]
-    moms = torch.cat([m.reshape(-1) for m in momentum if m is not None]) if any(m is not None for m in momentum) \
+    moms = (
+        torch.cat([m.reshape(-1) for m in momentum if m is not None])
+        if any(m is not None for m in momentum)
         else torch.zeros(1)
+    )
     gaps = torch.stack([_spread(params), _spread(moms)])
     if rank == 0:
         label = args.mode if args.mode != "stlsgd" else f"stlsgd {args.schedule}"
-        print(json.dumps({"run": label, "k": args.k, "T1": args.T1, "gamma": args.gamma, "plan_lr": args.plan_lr,
-                          "optimizer_state": args.optimizer_state, "outer": args.outer, "world": world,
-                          "steps": args.steps, "syncs": COUNT["syncs"], "allreduces": COUNT["allreduce"],
-                          "mbytes": COUNT["bytes"] / 2**20,
-                          "wall_s": round(wall, 2), "accuracy": accuracy,
-                          "param_spread": float(gaps[0]), "momentum_spread": float(gaps[1])}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "run": label,
+                    "k": args.k,
+                    "T1": args.T1,
+                    "gamma": args.gamma,
+                    "plan_lr": args.plan_lr,
+                    "optimizer_state": args.optimizer_state,
+                    "outer": args.outer,
+                    "world": world,
+                    "steps": args.steps,
+                    "syncs": COUNT["syncs"],
+                    "allreduces": COUNT["allreduce"],
+                    "mbytes": COUNT["bytes"] / 2**20,
+                    "wall_s": round(wall, 2),
+                    "accuracy": accuracy,
+                    "param_spread": float(gaps[0]),
+                    "momentum_spread": float(gaps[1]),
+                }
+            ),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 

@@ -95,8 +95,15 @@ SIZES: dict[str, dict[str, Any]] = {
         "stage_iterations": 4,
         "stage_timeout": 120,
         # Tiny: 2 clients x 2 images, period 2, 32 images, an evaluation every 2 iterations, CPU.
-        "stage_overrides": {"data.num_clients": 2, "algorithm.batch": 2, "algorithm.k": 2, "data.max_samples": 32,
-                            "problem.eval_batch": 32, "problem.device": "cpu", "run.eval_every_iterations": 2},
+        "stage_overrides": {
+            "data.num_clients": 2,
+            "algorithm.batch": 2,
+            "algorithm.k": 2,
+            "data.max_samples": 32,
+            "problem.eval_batch": 32,
+            "problem.device": "cpu",
+            "run.eval_every_iterations": 2,
+        },
         "dist_iterations": 40_000,
         "dist_timeout": 120,
         "synthetic_images": 200,
@@ -134,8 +141,17 @@ def ensure_stlsgd_importable() -> None:
 def child_env(**extra: str) -> dict[str, str]:
     """Environment of the CLI subprocesses: the repo's sources importable, no inherited torchrun variables."""
     env = dict(os.environ)
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID"):
+    for key in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "TORCHELASTIC_RUN_ID",
+    ):
         env.pop(key, None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(REPO / "src")]))
     env["PYTHONUNBUFFERED"] = "1"
@@ -168,8 +184,14 @@ def run_cmd(cmd: list[Any], *, timeout: float, env: dict[str, str], log: Path) -
             _kill_group(proc)
             raise
     tail = log.read_text(errors="replace")[-2000:]
-    return {"cmd": " ".join(cmd), "rc": rc, "timed_out": timed_out, "wall_s": round(time.perf_counter() - t0, 3),
-            "output_tail": tail, "log": str(log)}
+    return {
+        "cmd": " ".join(cmd),
+        "rc": rc,
+        "timed_out": timed_out,
+        "wall_s": round(time.perf_counter() - t0, 3),
+        "output_tail": tail,
+        "log": str(log),
+    }
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -239,8 +261,12 @@ def nvidia_driver() -> tuple[str | None, str | None, list[str]]:
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
-            out = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=30)
+            out = subprocess.run(
+                [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             rows = [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
             if out.returncode == 0 and rows:
                 return rows[0][1], "nvidia-smi", [f"{r[0]} ({r[2]})" for r in rows]
@@ -308,14 +334,19 @@ def step_versions(ctx: dict[str, Any]) -> dict[str, Any]:
     }
     say(f"torch {info['torch']}  CUDA {info['cuda']}  cuDNN {info['cudnn']}  driver {driver} (from {driver_source})")
     say(f"GPUs: {', '.join(gpus) if gpus else 'none'}{'  [' + '; '.join(smi_gpus) + ']' if smi_gpus else ''}")
-    say(f"python {info['python']} ({sys.executable}), numpy {info['numpy']}, {info['cpu_count']} CPUs, "
-        f"mode: {ctx['mode']}{' (' + ctx['mode_reason'] + ')' if ctx['mode_reason'] else ''}")
+    say(
+        f"python {info['python']} ({sys.executable}), numpy {info['numpy']}, {info['cpu_count']} CPUs, "
+        f"mode: {ctx['mode']}{' (' + ctx['mode_reason'] + ')' if ctx['mode_reason'] else ''}"
+    )
     if missing:
-        say(f"missing Python modules: {', '.join(missing)} -- steps 2 and 3 run `python -m stlsgd` and need them "
-            "(`pip install -e .` installs them; offline, bring their wheels)")
+        say(
+            f"missing Python modules: {', '.join(missing)} -- steps 2 and 3 run `python -m stlsgd` and need them "
+            "(`pip install -e .` installs them; offline, bring their wheels)"
+        )
     ctx["versions"] = info
     problems = ([f"torch does not import: {torch_error}"] if torch_error else []) + (
-        [f"missing Python modules: {', '.join(missing)}"] if missing else [])
+        [f"missing Python modules: {', '.join(missing)}"] if missing else []
+    )
     return {"passed": not problems, "error": "; ".join(problems) or None, **info}
 
 
@@ -395,9 +426,18 @@ def bench_model(name: str, size: dict[str, Any], device: Any) -> dict[str, Any]:
             _sync(device)
             times[label].append(time.perf_counter() - t0)
     images = clients * batch * steps
-    res: dict[str, Any] = {"model": name, "image_shape": list(shape), "clients": clients, "batch": batch,
-                           "steps_per_call": steps, "repeats": size["repeats"], "warmup_calls": size["warmup"],
-                           "images_per_call": images, "update_rel_diff": worst, "update_rel_tol": agree_tol}
+    res: dict[str, Any] = {
+        "model": name,
+        "image_shape": list(shape),
+        "clients": clients,
+        "batch": batch,
+        "steps_per_call": steps,
+        "repeats": size["repeats"],
+        "warmup_calls": size["warmup"],
+        "images_per_call": images,
+        "update_rel_diff": worst,
+        "update_rel_tol": agree_tol,
+    }
     for label in ("vmap", "loop"):
         res[f"{label}_times_s"] = [round(t, 6) for t in times[label]]
         res[f"{label}_images_per_s"] = images / statistics.median(times[label])
@@ -416,7 +456,11 @@ def step_vmap_vs_loop(ctx: dict[str, Any]) -> dict[str, Any]:
 
     ensure_stlsgd_importable()
     device = torch.device("cuda" if ctx["mode"] == "gpu" else "cpu")
-    out: dict[str, Any] = {"device": str(device), "models": {}, "goal": ">= 2x on GPU" if ctx["mode"] == "gpu" else None}
+    out: dict[str, Any] = {
+        "device": str(device),
+        "models": {},
+        "goal": ">= 2x on GPU" if ctx["mode"] == "gpu" else None,
+    }
     errors = []
     for name, size in ctx["sizes"]["bench"].items():
         try:
@@ -429,10 +473,12 @@ def step_vmap_vs_loop(ctx: dict[str, Any]) -> dict[str, Any]:
         out["models"][name] = r
         if r["update_rel_diff"] > r["update_rel_tol"]:
             errors.append(f"{name}: vmap and loop updates differ (max rel diff {r['update_rel_diff']:.2e})")
-        say(f"  {name:>8} {size['clients']} clients x {size['batch']} images {tuple(size['shape'])}: "
+        say(
+            f"  {name:>8} {size['clients']} clients x {size['batch']} images {tuple(size['shape'])}: "
             f"vmap {r['vmap_images_per_s']:9.0f} images/s, loop {r['loop_images_per_s']:9.0f} images/s, "
             f"vmap/loop {r['ratio_vmap_over_loop']:.2f}x  (median of {size['repeats']} x {size['steps']} steps; "
-            f"one-step update rel diff {r['update_rel_diff']:.1e})")
+            f"one-step update rel diff {r['update_rel_diff']:.1e})"
+        )
         if ctx["mode"] == "gpu":
             ctx["goals"][f"vmap_over_loop_{name}_>=2x"] = r["ratio_vmap_over_loop"] >= 2.0
     return {"passed": not errors, "error": "; ".join(errors) or None, **out}
@@ -485,7 +531,7 @@ def images_at_budget(config: dict[str, Any], n: int) -> tuple[int, int, int]:
         size, samples = float(B), 0
         for t in range(iters):
             if grow == "step":
-                b = min(int(math.floor(B * rho**min(t, 10_000) + 1e-9)), cap)
+                b = min(int(math.floor(B * rho ** min(t, 10_000) + 1e-9)), cap)
             else:
                 b = min(int(math.floor(size + 1e-9)), cap)
                 if (samples + b) * N // n > samples * N // n and size <= cap:
@@ -513,11 +559,22 @@ def column_budget(sweep: dict[str, Any], n: int) -> dict[str, Any]:
         worst = max(costs, key=lambda c: c[0])
         epochs = sum(c[0] for c in costs) / n + extra_seeds * worst[0] / n
         evals = sum(c[2] for c in costs) + extra_seeds * worst[2]
-        per_row.append({"label": row.get("label") or row["method"], "grid_runs": len(runs), "seed_reruns": extra_seeds,
-                        "epochs": epochs, "evaluations": evals,
-                        "max_iterations": sorted({c[1] for c in costs})})
-    return {"rows": per_row, "runs": sum(r["grid_runs"] + r["seed_reruns"] for r in per_row),
-            "epochs": sum(r["epochs"] for r in per_row), "evaluations": sum(r["evaluations"] for r in per_row)}
+        per_row.append(
+            {
+                "label": row.get("label") or row["method"],
+                "grid_runs": len(runs),
+                "seed_reruns": extra_seeds,
+                "epochs": epochs,
+                "evaluations": evals,
+                "max_iterations": sorted({c[1] for c in costs}),
+            }
+        )
+    return {
+        "rows": per_row,
+        "runs": sum(r["grid_runs"] + r["seed_reruns"] for r in per_row),
+        "epochs": sum(r["epochs"] for r in per_row),
+        "evaluations": sum(r["evaluations"] for r in per_row),
+    }
 
 
 def write_synthetic_cifar(root: Path, images: int, seed: int = 0) -> None:
@@ -551,18 +608,30 @@ def choose_stage_data(ctx: dict[str, Any], config: dict[str, Any], overrides: di
     need = N * B if dry else max(N * B, n_config)
     real = data_dir is not None and all((data_dir / CIFAR_DIR / b).is_file() for b in CIFAR_BATCHES)
     if dataset == "cifar10" and real:
-        return {"source": "cifar10", "dataset": dataset, "data_dir": data_dir, "images": n_config,
-                "why": f"the config's own dataset, found in {data_dir}"}
+        return {
+            "source": "cifar10",
+            "dataset": dataset,
+            "data_dir": data_dir,
+            "images": n_config,
+            "why": f"the config's own dataset, found in {data_dir}",
+        }
     notes = []
     if data_dir is not None and (data_dir / PNG200_LABELS).is_file():
         have = IMAGE_SET_SIZES["cifar10-png200"]
         if have >= need:
             used = min(have, int(limit)) if limit else have
-            return {"source": "cifar10-png200", "dataset": "cifar10-png200", "data_dir": data_dir, "images": used,
-                    "why": f"cifar10-png200 ({have} images) fits: the run needs {need} ({N} clients x {B} images per "
-                           "iteration)"}
-        notes.append(f"cifar10-png200 holds {have} images, the run needs {need} (budgets and T1 in epochs of "
-                     f"{n_config:,} images; {N} clients x {B} images per iteration)")
+            return {
+                "source": "cifar10-png200",
+                "dataset": "cifar10-png200",
+                "data_dir": data_dir,
+                "images": used,
+                "why": f"cifar10-png200 ({have} images) fits: the run needs {need} ({N} clients x {B} images per "
+                "iteration)",
+            }
+        notes.append(
+            f"cifar10-png200 holds {have} images, the run needs {need} (budgets and T1 in epochs of "
+            f"{n_config:,} images; {N} clients x {B} images per iteration)"
+        )
     else:
         notes.append(f"no cifar10-png200 in {data_dir}" if data_dir else "no data dir")
     images = ctx["sizes"]["synthetic_images"] or n_config
@@ -570,9 +639,15 @@ def choose_stage_data(ctx: dict[str, Any], config: dict[str, Any], overrides: di
     shutil.rmtree(root, ignore_errors=True)
     write_synthetic_cifar(root, images)
     used = min(images, int(limit)) if limit else images
-    return {"source": "synthetic", "dataset": "cifar10", "data_dir": root, "images": used, "synthetic_root": root,
-            "why": "; ".join(notes) + f" -> synthetic CIFAR-shaped images (3x32x32, 10 classes, {images:,} random "
-                   "images written as CIFAR-10 pickle batches)"}
+    return {
+        "source": "synthetic",
+        "dataset": "cifar10",
+        "data_dir": root,
+        "images": used,
+        "synthetic_root": root,
+        "why": "; ".join(notes) + f" -> synthetic CIFAR-shaped images (3x32x32, 10 classes, {images:,} random "
+        "images written as CIFAR-10 pickle batches)",
+    }
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -626,12 +701,16 @@ def step_stage_run(ctx: dict[str, Any]) -> dict[str, Any]:
     B = int(overrides.get("algorithm.batch", config["algorithm"]["batch"]))
     n_run = data["images"]
     n_config = IMAGE_SET_SIZES[config["data"]["dataset"]]
-    T1 = first_stage_iterations({**config, "data": {**config["data"], "num_clients": N},
-                                 "algorithm": {**config["algorithm"], "batch": B}}, n_run)
+    T1 = first_stage_iterations(
+        {**config, "data": {**config["data"], "num_clients": N}, "algorithm": {**config["algorithm"], "batch": B}},
+        n_run,
+    )
     cap = min(T1 or sizes["stage_iterations"], sizes["stage_iterations"])
     overrides["run.max_iterations"] = cap
-    say(f"  row {row.get('label')!r} ({row['method']}, option {config['algorithm'].get('option', 1)}), first grid "
-        f"setting {settings}; stage 1 = T1 = {T1} iterations on {n_run:,} images, running {cap}")
+    say(
+        f"  row {row.get('label')!r} ({row['method']}, option {config['algorithm'].get('option', 1)}), first grid "
+        f"setting {settings}; stage 1 = T1 = {T1} iterations on {n_run:,} images, running {cap}"
+    )
     say(f"  data: {data['source']} -- {data['why']}")
 
     work = ctx["work"] / "stage"
@@ -648,14 +727,26 @@ def step_stage_run(ctx: dict[str, Any]) -> dict[str, Any]:
     env = child_env(STLSGD_CACHE=str(ctx["work"] / "cache"), **ctx["thread_env"])
     res = run_cmd(cmd, timeout=ctx["deadline"].timeout(sizes["stage_timeout"]), env=env, log=work / "stage.log")
     late = " (timed out: figures from the metrics so far)" if res["timed_out"] else ""
-    say(f"  $ {res['cmd']}\n  -> rc {res['rc']}{late}"
-        f", {res['wall_s']:.1f} s")
+    say(f"  $ {res['cmd']}\n  -> rc {res['rc']}{late}, {res['wall_s']:.1f} s")
     result: dict[str, Any] = {
-        "sweep": str(sweep_path), "row": row.get("label"), "method": row["method"], "grid_setting": settings,
-        "fixed": row.get("fixed", {}), "config": config, "overrides": overrides, "command": res["cmd"],
-        "rc": res["rc"], "timed_out": res["timed_out"], "process_wall_s": res["wall_s"],
-        "data_source": data["source"], "data_why": data["why"], "images": n_run, "T1": T1, "iterations_cap": cap,
-        "clients": N, "batch": B,
+        "sweep": str(sweep_path),
+        "row": row.get("label"),
+        "method": row["method"],
+        "grid_setting": settings,
+        "fixed": row.get("fixed", {}),
+        "config": config,
+        "overrides": overrides,
+        "command": res["cmd"],
+        "rc": res["rc"],
+        "timed_out": res["timed_out"],
+        "process_wall_s": res["wall_s"],
+        "data_source": data["source"],
+        "data_why": data["why"],
+        "images": n_run,
+        "T1": T1,
+        "iterations_cap": cap,
+        "clients": N,
+        "batch": B,
     }
     if data.get("synthetic_root"):
         shutil.rmtree(data["synthetic_root"], ignore_errors=True)
@@ -682,9 +773,17 @@ def step_stage_run(ctx: dict[str, Any]) -> dict[str, Any]:
     iterations_done = metrics[-1]["iteration"] if metrics else (summary or {}).get("iterations", 0)
     s_per_image = s_per_it / (N * B)
     epoch_s = s_per_image * n_config
-    result.update({"iterations_run": iterations_done, "timing_basis": basis, "seconds_per_iteration": s_per_it,
-                   "seconds_per_image": s_per_image, "time_per_epoch_s": epoch_s,
-                   "epoch_images": n_config, "stage1_time_s": s_per_it * T1 if T1 else None})
+    result.update(
+        {
+            "iterations_run": iterations_done,
+            "timing_basis": basis,
+            "seconds_per_iteration": s_per_it,
+            "seconds_per_image": s_per_image,
+            "time_per_epoch_s": epoch_s,
+            "epoch_images": n_config,
+            "stage1_time_s": s_per_it * T1 if T1 else None,
+        }
+    )
 
     # Evaluation cost: one evaluation of the averaged model on the run's training images, timed in-process.
     model = config["problem"].get("model", "cnn")
@@ -697,39 +796,59 @@ def step_stage_run(ctx: dict[str, Any]) -> dict[str, Any]:
         result["eval_timing_error"] = f"{type(exc).__name__}: {exc}"
     budget = column_budget(sweep, n_config)
     column_a = epoch_s * budget["epochs"]
-    result.update({"column": budget, "column_time_s": column_a, "column_time_h": column_a / 3600,
-                   "column_formula": "time_per_epoch_s x sum over the column's rows of the epochs every grid run "
-                                     "and every extra-seed rerun takes at its budget run.max_iterations "
-                                     "(epochs = iterations x clients x per-client batch / n; CR-PSGD's growing "
-                                     "batch followed step by step); no early stop, no pruning: an upper "
-                                     "bound, which also assumes the STL row's time per image for every row "
-                                     "(LB-SGD's and CR-PSGD's larger batches run faster per image on a GPU)"})
+    result.update(
+        {
+            "column": budget,
+            "column_time_s": column_a,
+            "column_time_h": column_a / 3600,
+            "column_formula": "time_per_epoch_s x sum over the column's rows of the epochs every grid run "
+            "and every extra-seed rerun takes at its budget run.max_iterations "
+            "(epochs = iterations x clients x per-client batch / n; CR-PSGD's growing "
+            "batch followed step by step); no early stop, no pruning: an upper "
+            "bound, which also assumes the STL row's time per image for every row "
+            "(LB-SGD's and CR-PSGD's larger batches run faster per image on a GPU)",
+        }
+    )
     if t_eval_run is not None:
         t_eval = t_eval_run * n_config / n_run  # an evaluation passes over the whole training set
         train_s_per_image = max(s_per_it - evals_per_it * t_eval_run, 0.0) / (N * B)
         column_b = train_s_per_image * n_config * budget["epochs"] + t_eval * budget["evaluations"]
-        result.update({"eval_time_s": t_eval, "eval_time_measured_s": t_eval_run,
-                       "train_time_per_epoch_s": train_s_per_image * n_config,
-                       "column_time_with_eval_schedule_s": column_b, "column_time_with_eval_schedule_h": column_b / 3600,
-                       "column_formula_with_eval_schedule":
-                           "train_time_per_epoch_s x epochs + eval_time_s x evaluations, evaluations per run = "
-                           "max(iterations / run.eval_every_iterations, rounds / run.eval_every) at the budget "
-                           "(LB-SGD evaluates every iteration)"})
-    say(f"  {iterations_done} iterations: {s_per_it * 1e3:.1f} ms/iteration ({basis}) -> time per epoch of "
-        f"{n_config:,} images: {epoch_s:.2f} s; stage 1 ({T1} iterations): {result['stage1_time_s'] or 0:.1f} s")
-    say(f"  Table 3 '{sweep.get('name')}' column: {budget['runs']} runs, {budget['epochs']:,.0f} epochs at the budgets "
+        result.update(
+            {
+                "eval_time_s": t_eval,
+                "eval_time_measured_s": t_eval_run,
+                "train_time_per_epoch_s": train_s_per_image * n_config,
+                "column_time_with_eval_schedule_s": column_b,
+                "column_time_with_eval_schedule_h": column_b / 3600,
+                "column_formula_with_eval_schedule": "train_time_per_epoch_s x epochs + eval_time_s x evaluations, evaluations per run = "
+                "max(iterations / run.eval_every_iterations, rounds / run.eval_every) at the budget "
+                "(LB-SGD evaluates every iteration)",
+            }
+        )
+    say(
+        f"  {iterations_done} iterations: {s_per_it * 1e3:.1f} ms/iteration ({basis}) -> time per epoch of "
+        f"{n_config:,} images: {epoch_s:.2f} s; stage 1 ({T1} iterations): {result['stage1_time_s'] or 0:.1f} s"
+    )
+    say(
+        f"  Table 3 '{sweep.get('name')}' column: {budget['runs']} runs, {budget['epochs']:,.0f} epochs at the budgets "
         f"-> {column_a / 3600:,.1f} h  (= {epoch_s:.2f} s/epoch x {budget['epochs']:,.0f} epochs; upper bound: every "
-        "grid run and seed rerun to its budget, no early stop or pruning)")
+        "grid run and seed rerun to its budget, no early stop or pruning)"
+    )
     if t_eval_run is not None:
-        say(f"  with the evaluation schedules: {result['column_time_with_eval_schedule_h']:,.1f} h  (= "
+        say(
+            f"  with the evaluation schedules: {result['column_time_with_eval_schedule_h']:,.1f} h  (= "
             f"{result['train_time_per_epoch_s']:.2f} s/epoch training x {budget['epochs']:,.0f} epochs + "
-            f"{result['eval_time_s']:.2f} s/evaluation x {budget['evaluations']:,} evaluations)")
+            f"{result['eval_time_s']:.2f} s/evaluation x {budget['evaluations']:,} evaluations)"
+        )
     if ctx["mode"] != "gpu":
         say("  (dry run: CPU figures at tiny sizes; the extrapolation only exercises the code)")
     status_ok = summary is None or summary["status"] in ("budget", "reached")
     ok = bool(s_per_it > 0 and math.isfinite(s_per_it) and status_ok)
-    return {"passed": ok, "error": None if ok else f"unexpected run status {summary and summary.get('status')}",
-            **result}
+    return {
+        "passed": ok,
+        "error": None if ok else f"unexpected run status {summary and summary.get('status')}",
+        **result,
+    }
 
 
 # ----------------------------------------------------------------------------------------------- step 3
@@ -763,21 +882,55 @@ def compare_pair(ctx: dict[str, Any], name: str, sets: list[str], data_dir: Path
     work.mkdir(parents=True)
     config = ctx["dist_config"]
     common = ["--data-dir", data_dir, "--quiet"] + [x for s in sets for x in ("--set", s)]
-    env = child_env(STLSGD_CACHE=str(ctx["work"] / "cache"),
-                    GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-                    **{"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc)), **ctx["thread_env"]})
+    env = child_env(
+        STLSGD_CACHE=str(ctx["work"] / "cache"),
+        GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+        **{"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc)), **ctx["thread_env"]},
+    )
     # The simulator first: it computes f* once into the shared cache, which the dist run then reads.
-    sim = run_cmd([sys.executable, "-m", "stlsgd", "run", config, "--out", work / "sim"] + common,
-                  timeout=ctx["deadline"].timeout(sizes["dist_timeout"]), env=env, log=work / "sim.log")
+    sim = run_cmd(
+        [sys.executable, "-m", "stlsgd", "run", config, "--out", work / "sim"] + common,
+        timeout=ctx["deadline"].timeout(sizes["dist_timeout"]),
+        env=env,
+        log=work / "sim.log",
+    )
     say(f"  $ {sim['cmd']}\n    -> rc {sim['rc']}, {sim['wall_s']:.1f} s")
-    dist = run_cmd([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--rdzv-backend=c10d",
-                    f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=gpu_check", "-m", "stlsgd", "run", config,
-                    "--backend", "dist", "--comm-backend", comm, "--out", work / "dist"] + common,
-                   timeout=ctx["deadline"].timeout(sizes["dist_timeout"]), env=env, log=work / "dist.log")
+    dist = run_cmd(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            "--rdzv-id=gpu_check",
+            "-m",
+            "stlsgd",
+            "run",
+            config,
+            "--backend",
+            "dist",
+            "--comm-backend",
+            comm,
+            "--out",
+            work / "dist",
+        ]
+        + common,
+        timeout=ctx["deadline"].timeout(sizes["dist_timeout"]),
+        env=env,
+        log=work / "dist.log",
+    )
     say(f"  $ {dist['cmd']}\n    -> rc {dist['rc']}, {dist['wall_s']:.1f} s")
-    result: dict[str, Any] = {"sets": sets, "exact": exact, "sim_command": sim["cmd"], "dist_command": dist["cmd"],
-                              "sim_rc": sim["rc"], "dist_rc": dist["rc"], "sim_wall_s": sim["wall_s"],
-                              "dist_wall_s": dist["wall_s"]}
+    result: dict[str, Any] = {
+        "sets": sets,
+        "exact": exact,
+        "sim_command": sim["cmd"],
+        "dist_command": dist["cmd"],
+        "sim_rc": sim["rc"],
+        "dist_rc": dist["rc"],
+        "sim_wall_s": sim["wall_s"],
+        "dist_wall_s": dist["wall_s"],
+    }
     errors = [cmd_error(r, what) for r, what in ((sim, "simulator run"), (dist, "torchrun dist run")) if r["rc"] != 0]
     if errors:
         return {"passed": False, "error": "; ".join(errors), **result}
@@ -797,29 +950,54 @@ def compare_pair(ctx: dict[str, Any], name: str, sets: list[str], data_dir: Path
         per_array = {k: max_rel_diff(dp[k], sp[k]) for k in sp.files if k in dp.files}
     params_rel = max(per_array.values(), default=math.inf)
     backend = d.get("backend") or {}
-    result.update({"compared": compared, "final_objective": {"sim": obj_s, "dist": obj_d, "rel_diff": obj_rel},
-                   "same_evaluation_rounds": same_eval_rounds, "first_evaluation_rel_diff": first_rel,
-                   "objective_rel_diff_per_evaluation": per_round, "first_round_beyond_rtol": diverged_at,
-                   "params_same_keys": same_keys, "params_max_rel_diff": params_rel,
-                   "params_rel_diff_per_array": per_array, "rtol": PARAM_RTOL, "dist_backend": backend,
-                   "sim_summary": s, "dist_summary": d})
+    result.update(
+        {
+            "compared": compared,
+            "final_objective": {"sim": obj_s, "dist": obj_d, "rel_diff": obj_rel},
+            "same_evaluation_rounds": same_eval_rounds,
+            "first_evaluation_rel_diff": first_rel,
+            "objective_rel_diff_per_evaluation": per_round,
+            "first_round_beyond_rtol": diverged_at,
+            "params_same_keys": same_keys,
+            "params_max_rel_diff": params_rel,
+            "params_rel_diff_per_array": per_array,
+            "rtol": PARAM_RTOL,
+            "dist_backend": backend,
+            "sim_summary": s,
+            "dist_summary": d,
+        }
+    )
     checks = {f"{k} equal": v["equal"] for k, v in compared.items()}
-    checks.update({"same evaluation rounds": same_eval_rounds, "same param arrays": same_keys,
-                   "first evaluation within rtol": first_rel is not None and first_rel <= PARAM_RTOL,
-                   "executor dist": backend.get("executor") == "dist", f"comm {comm}": backend.get("comm") == comm,
-                   f"world size {nproc}": backend.get("world_size") == nproc})
+    checks.update(
+        {
+            "same evaluation rounds": same_eval_rounds,
+            "same param arrays": same_keys,
+            "first evaluation within rtol": first_rel is not None and first_rel <= PARAM_RTOL,
+            "executor dist": backend.get("executor") == "dist",
+            f"comm {comm}": backend.get("comm") == comm,
+            f"world size {nproc}": backend.get("world_size") == nproc,
+        }
+    )
     if exact:
-        checks.update({"final objective within rtol": obj_rel is not None and obj_rel <= PARAM_RTOL,
-                       "params within rtol": params_rel <= PARAM_RTOL})
+        checks.update(
+            {
+                "final objective within rtol": obj_rel is not None and obj_rel <= PARAM_RTOL,
+                "params within rtol": params_rel <= PARAM_RTOL,
+            }
+        )
     failed = [k for k, ok in checks.items() if not ok]
     result["checks"] = checks
     say(f"    sim : {s['status']} after {s['rounds']} rounds ({s['iterations']} iterations), objective {obj_s}")
-    say(f"    dist: {d['status']} after {d['rounds']} rounds ({d['iterations']} iterations), objective {obj_d}, "
-        f"backend {backend}")
-    say(f"    first evaluation rel diff {first_rel:.1e}; final objective rel diff {obj_rel:.2e}, final_params max rel "
+    say(
+        f"    dist: {d['status']} after {d['rounds']} rounds ({d['iterations']} iterations), objective {obj_d}, "
+        f"backend {backend}"
+    )
+    say(
+        f"    first evaluation rel diff {first_rel:.1e}; final objective rel diff {obj_rel:.2e}, final_params max rel "
         f"diff {params_rel:.2e} ({len(per_array)} arrays)"
         + (f"; beyond {PARAM_RTOL:g} from round {diverged_at} on" if diverged_at is not None else "")
-        + f": {'OK' if not failed else 'DIFFERENT: ' + ', '.join(failed)}")
+        + f": {'OK' if not failed else 'DIFFERENT: ' + ', '.join(failed)}"
+    )
     return {"passed": not failed, "error": ("differs: " + ", ".join(failed)) if failed else None, **result}
 
 
@@ -837,17 +1015,30 @@ def step_dist_vs_sim(ctx: dict[str, Any]) -> dict[str, Any]:
     empty = ctx["work"] / "dist_vs_sim" / "no-data"
     empty.mkdir(parents=True, exist_ok=True)
     has_a9a = data_dir is not None and (data_dir / "a9a" / "a9a.gz").is_file()
-    why = f"a9a from {data_dir}" if has_a9a else f"a9a not in {data_dir or 'any data dir'}: the bundled digits49 instead"
+    why = (
+        f"a9a from {data_dir}" if has_a9a else f"a9a not in {data_dir or 'any data dir'}: the bundled digits49 instead"
+    )
     config = ctx["dist_config"]
-    say(f"  config {config.relative_to(REPO) if config.is_relative_to(REPO) else config}, data: {why}; "
-        f"{ctx['nproc']} rank(s), {ctx['comm']}")
+    say(
+        f"  config {config.relative_to(REPO) if config.is_relative_to(REPO) else config}, data: {why}; "
+        f"{ctx['nproc']} rank(s), {ctx['comm']}"
+    )
     name = "a9a" if has_a9a else "digits49"
     sets = [budget] if has_a9a else [budget, "data.dataset=digits49"]
     main = compare_pair(ctx, name, sets, data_dir if has_a9a else (data_dir or empty), exact=True)
-    return {"passed": main["passed"], "error": main.get("error"), "dataset": name, "data_why": why,
-            "nproc": ctx["nproc"], "comm_backend": ctx["comm"], "config": str(config),
-            "compared": main.get("compared"), "final_objective": main.get("final_objective"),
-            "params_max_rel_diff": main.get("params_max_rel_diff"), "runs": {name: main}}
+    return {
+        "passed": main["passed"],
+        "error": main.get("error"),
+        "dataset": name,
+        "data_why": why,
+        "nproc": ctx["nproc"],
+        "comm_backend": ctx["comm"],
+        "config": str(config),
+        "compared": main.get("compared"),
+        "final_objective": main.get("final_objective"),
+        "params_max_rel_diff": main.get("params_max_rel_diff"),
+        "runs": {name: main},
+    }
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -869,23 +1060,32 @@ def step_list(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     default_data = REPO.parent / "shared" / "data"
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", required=True, help="output folder: OUT/gpu_check.json")
-    ap.add_argument("--data-dir", default=str(default_data) if default_data.is_dir() else None,
-                    help="datasets (a9a, cifar10, cifar10-png200); default ../shared/data beside the repo when it "
-                         "exists, else none (synthetic images, the bundled digits49)")
+    ap.add_argument(
+        "--data-dir",
+        default=str(default_data) if default_data.is_dir() else None,
+        help="datasets (a9a, cifar10, cifar10-png200); default ../shared/data beside the repo when it "
+        "exists, else none (synthetic images, the bundled digits49)",
+    )
     ap.add_argument("--dry-run", action="store_true", help="tiny CPU run of the same steps (the default without CUDA)")
-    ap.add_argument("--steps", type=step_list, default=[1, 2, 3],
-                    help="steps to run after the versions (step 0), in this order, e.g. 1,3")
+    ap.add_argument(
+        "--steps",
+        type=step_list,
+        default=[1, 2, 3],
+        help="steps to run after the versions (step 0), in this order, e.g. 1,3",
+    )
     ap.add_argument("--work-dir", help="run directories and logs (default OUT/work)")
     ap.add_argument("--sweep", default=str(DEFAULT_SWEEP), help="Table 3 sweep file of step 2")
     ap.add_argument("--dist-config", default=str(DEFAULT_DIST_CONFIG), help="config of step 3")
     ap.add_argument("--stage-iterations", type=int, help="cap of the stage run (GPU default 400)")
     ap.add_argument("--stage-timeout", type=float, help="seconds before the stage run is stopped (GPU default 240)")
     ap.add_argument("--dist-iterations", type=int, help="iteration budget of step 3 (GPU default 200000)")
-    ap.add_argument("--deadline", type=float, help="seconds for the whole check, subprocesses capped to fit "
-                                                     "(GPU default 450)")
+    ap.add_argument(
+        "--deadline", type=float, help="seconds for the whole check, subprocesses capped to fit (GPU default 450)"
+    )
     return ap.parse_args(argv)
 
 
@@ -911,8 +1111,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         torch_error = None
     mode = "dry-run" if args.dry_run or not cuda else "gpu"
-    reason = "--dry-run" if args.dry_run else ("torch does not import" if torch_error else
-                                               "no CUDA device" if not cuda else "")
+    reason = (
+        "--dry-run"
+        if args.dry_run
+        else ("torch does not import" if torch_error else "no CUDA device" if not cuda else "")
+    )
     sizes = copy.deepcopy(SIZES[mode])
     for key in ("stage_iterations", "stage_timeout", "dist_iterations", "deadline"):
         if getattr(args, key) is not None:
@@ -928,15 +1131,32 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work_dir).resolve() if args.work_dir else out / "work"
     work.mkdir(parents=True, exist_ok=True)
     wanted = [0] + list(dict.fromkeys(s for s in args.steps if s != 0))
-    ctx: dict[str, Any] = {"mode": mode, "mode_reason": reason, "sizes": sizes, "data_dir": data_dir, "work": work,
-                           "sweep": Path(args.sweep).resolve(), "dist_config": Path(args.dist_config).resolve(),
-                           "deadline": Deadline(sizes["deadline"]), "goals": {}, "thread_env": thread_env}
+    ctx: dict[str, Any] = {
+        "mode": mode,
+        "mode_reason": reason,
+        "sizes": sizes,
+        "data_dir": data_dir,
+        "work": work,
+        "sweep": Path(args.sweep).resolve(),
+        "dist_config": Path(args.dist_config).resolve(),
+        "deadline": Deadline(sizes["deadline"]),
+        "goals": {},
+        "thread_env": thread_env,
+    }
     report: dict[str, Any] = {
-        "tool": "benchmarks/gpu_check.py", "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "mode": mode, "mode_reason": reason or None, "argv": sys.argv[1:],
+        "tool": "benchmarks/gpu_check.py",
+        "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "mode": mode,
+        "mode_reason": reason or None,
+        "argv": sys.argv[1:],
         "data_dir": str(data_dir) if data_dir else None,
-        "work_dir": str(work), "sizes": sizes, "thread_env": thread_env, "versions": None, "device": None,
-        "steps": {}, "goals": ctx["goals"],
+        "work_dir": str(work),
+        "sizes": sizes,
+        "thread_env": thread_env,
+        "versions": None,
+        "device": None,
+        "steps": {},
+        "goals": ctx["goals"],
     }
     path = out / RESULT_FILE
     for index in wanted:
@@ -949,23 +1169,37 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 rec = STEPS[index](ctx)
             except Exception as exc:  # noqa: BLE001 - recorded; the next step still runs
-                rec = {"passed": False, "error": f"{type(exc).__name__}: {exc}",
-                       "traceback": traceback.format_exc()[-4000:]}
+                rec = {
+                    "passed": False,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc()[-4000:],
+                }
         rec = {"step": index, "name": name, **rec, "wall_s": round(time.perf_counter() - t0, 3)}
         report["steps"][name] = rec
         if index == 0:
             v = ctx.get("versions") or {}
-            report["versions"] = {k: v.get(k) for k in ("torch", "cuda", "cudnn", "driver", "driver_source", "python",
-                                                         "numpy", "git_commit")}
-            report["device"] = {"mode": mode, "gpus": v.get("gpus"), "gpu_count": v.get("gpu_count"),
-                                "cpu_count": v.get("cpu_count"), "platform": v.get("platform")}
-        say(f"-- step {index} {name}: {'PASS' if rec['passed'] else 'FAIL'} ({rec['wall_s']:.1f} s)"
-            + (f": {rec['error']}" if rec.get("error") else ""))
+            report["versions"] = {
+                k: v.get(k)
+                for k in ("torch", "cuda", "cudnn", "driver", "driver_source", "python", "numpy", "git_commit")
+            }
+            report["device"] = {
+                "mode": mode,
+                "gpus": v.get("gpus"),
+                "gpu_count": v.get("gpu_count"),
+                "cpu_count": v.get("cpu_count"),
+                "platform": v.get("platform"),
+            }
+        say(
+            f"-- step {index} {name}: {'PASS' if rec['passed'] else 'FAIL'} ({rec['wall_s']:.1f} s)"
+            + (f": {rec['error']}" if rec.get("error") else "")
+        )
         failed = [n for n, r in report["steps"].items() if not r.get("passed")]
         report.update({"failed_steps": failed, "passed": not failed, "wall_s": round(time.perf_counter() - started, 3)})
         write_json(path, report)
-    say(f"\n{'ALL STEPS PASSED' if report['passed'] else 'FAILED: ' + ', '.join(report['failed_steps'])} "
-        f"({mode}, {report['wall_s']:.1f} s) -> {path}")
+    say(
+        f"\n{'ALL STEPS PASSED' if report['passed'] else 'FAILED: ' + ', '.join(report['failed_steps'])} "
+        f"({mode}, {report['wall_s']:.1f} s) -> {path}"
+    )
     for goal, met in ctx["goals"].items():
         say(f"goal {goal}: {'met' if met else 'MISSED'}")
     return 0 if report["passed"] else 1

@@ -43,8 +43,9 @@ def main() -> None:
     accelerator = Accelerator(cpu=True)
     X, y, source = load_images(args.data_dir, args.train_size)
     n_eval = min(2000, len(y) // 5)
-    loader = DataLoader(TensorDataset(X[n_eval:], y[n_eval:]), batch_size=32, shuffle=True,
-                        generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        TensorDataset(X[n_eval:], y[n_eval:]), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     torch.manual_seed(0)
     model = SmallCNN()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -59,8 +60,9 @@ def main() -> None:
     started = time.perf_counter()
     step = 0
     # STL (2 of 3): the plan's rounds and learning rates; one log line per 10 rounds.
-    with StlsgdLocalSGD(accelerator, model, optimizer, plan, plan_lr=True, log_every=10,
-                        on_round=on_round) as local_sgd:
+    with StlsgdLocalSGD(
+        accelerator, model, optimizer, plan, plan_lr=True, log_every=10, on_round=on_round
+    ) as local_sgd:
         while step < args.steps:
             model.train()
             for xb, yb in loader:
@@ -82,10 +84,12 @@ def main() -> None:
         on_round.close()
     if accelerator.is_main_process:
         stats = averager.stats
-        print(f"{source}: {accelerator.num_processes} processes ({accelerator.distributed_type.value}), "
-              f"{averager.iteration} steps in {time.perf_counter() - started:.1f} s, stage {averager.stage}, "
-              f"period {averager.period}, {stats.averages} averages ({100 * stats.saved:.0f}% of per-step DDP's "
-              f"traffic saved), held-out accuracy {acc:.3f}, models identical on all processes: {in_sync}")
+        print(
+            f"{source}: {accelerator.num_processes} processes ({accelerator.distributed_type.value}), "
+            f"{averager.iteration} steps in {time.perf_counter() - started:.1f} s, stage {averager.stage}, "
+            f"period {averager.period}, {stats.averages} averages ({100 * stats.saved:.0f}% of per-step DDP's "
+            f"traffic saved), held-out accuracy {acc:.3f}, models identical on all processes: {in_sync}"
+        )
 
 
 if __name__ == "__main__":

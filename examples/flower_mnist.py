@@ -49,8 +49,9 @@ def main() -> None:
     clients = []
     for i, shard in enumerate(shards):
         torch.manual_seed(i)
-        loader = DataLoader(TensorDataset(X[shard], y[shard]), batch_size=32, shuffle=True,
-                            generator=torch.Generator().manual_seed(i))
+        loader = DataLoader(
+            TensorDataset(X[shard], y[shard]), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(i)
+        )
         clients.append(StlsgdClient(SmallCNN(), loader))
 
     torch.manual_seed(0)
@@ -62,18 +63,27 @@ def main() -> None:
         return 1.0 - acc, {"accuracy": acc}
 
     plan = STLSGD(lr=args.lr, T1=args.T1, k1=args.k1, gamma=args.gamma, iid=not args.noniid)
-    strategy = StlsgdFedAvg(plan, max_iterations=args.steps, fraction_evaluate=0.0,
-                            min_fit_clients=args.clients, min_available_clients=args.clients,
-                            initial_parameters=ndarrays_to_parameters(get_weights(global_model)),
-                            evaluate_fn=evaluate)
+    strategy = StlsgdFedAvg(
+        plan,
+        max_iterations=args.steps,
+        fraction_evaluate=0.0,
+        min_fit_clients=args.clients,
+        min_available_clients=args.clients,
+        initial_parameters=ndarrays_to_parameters(get_weights(global_model)),
+        evaluate_fn=evaluate,
+    )
     started = time.perf_counter()
     history = run_in_process(strategy, clients)  # strategy.planned_rounds() rounds
     for server_round, acc in history.metrics_centralized["accuracy"][1:]:
         rnd = strategy.completed[server_round - 1]
-        print(f"round {server_round:3d}  stage {rnd.stage}  {rnd.steps:2d} local steps  lr {rnd.lr:.4f}  "
-              f"held-out accuracy {acc:.3f}")
-    print(f"{source}: {args.clients} clients ({'non-IID' if args.noniid else 'IID'}), {strategy.cursor.iteration} "
-          f"local steps in {strategy.averages} rounds, {time.perf_counter() - started:.1f} s")
+        print(
+            f"round {server_round:3d}  stage {rnd.stage}  {rnd.steps:2d} local steps  lr {rnd.lr:.4f}  "
+            f"held-out accuracy {acc:.3f}"
+        )
+    print(
+        f"{source}: {args.clients} clients ({'non-IID' if args.noniid else 'IID'}), {strategy.cursor.iteration} "
+        f"local steps in {strategy.averages} rounds, {time.perf_counter() - started:.1f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -61,9 +61,15 @@ def main() -> None:
     module = Classifier(args.lr)
     # STL (2 of 2): STL-SGD^sc's rounds and learning rates; one log line per 10 rounds.
     stl = StlsgdCallback(STLSGD(lr=args.lr, T1=args.T1, k1=args.k1), plan_lr=True, log_every=10)
-    trainer = pl.Trainer(strategy="ddp" if args.devices > 1 else "auto", devices=args.devices, accelerator="cpu",
-                         max_steps=args.steps, logger=False, enable_model_summary=False,
-                         callbacks=[stl, ModelCheckpoint(dirpath=args.out, save_last=True, every_n_train_steps=100)])
+    trainer = pl.Trainer(
+        strategy="ddp" if args.devices > 1 else "auto",
+        devices=args.devices,
+        accelerator="cpu",
+        max_steps=args.steps,
+        logger=False,
+        enable_model_summary=False,
+        callbacks=[stl, ModelCheckpoint(dirpath=args.out, save_last=True, every_n_train_steps=100)],
+    )
     loader = DataLoader(TensorDataset(X[n_eval:], y[n_eval:]), batch_size=32, shuffle=True)
     trainer.fit(module, loader, ckpt_path=args.resume)
     averager = stl.averager
@@ -71,9 +77,11 @@ def main() -> None:
     acc = accuracy(module.net, X[:n_eval], y[:n_eval])
     if trainer.is_global_zero:
         stats = averager.stats
-        print(f"{source}: {trainer.world_size} processes, {averager.iteration} steps, stage {averager.stage}, period "
-              f"{averager.period}, {stats.averages} averages ({100 * stats.saved:.0f}% of per-step DDP's traffic "
-              f"saved), held-out accuracy {acc:.3f}, models identical on all processes: {in_sync}")
+        print(
+            f"{source}: {trainer.world_size} processes, {averager.iteration} steps, stage {averager.stage}, period "
+            f"{averager.period}, {stats.averages} averages ({100 * stats.saved:.0f}% of per-step DDP's traffic "
+            f"saved), held-out accuracy {acc:.3f}, models identical on all processes: {in_sync}"
+        )
 
 
 if __name__ == "__main__":

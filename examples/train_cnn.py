@@ -19,7 +19,6 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-
 from mnist_common import SmallCNN, load_images  # this folder's shared CNN and MNIST loader
 
 from stlsgd.algorithms import LRCoupled
@@ -67,9 +66,11 @@ def main() -> None:
     with torch.no_grad():
         accuracy = (model(X_eval).argmax(1) == y_eval).float().mean().item()
     if stl.rank == 0:
-        print(f"{source}: {stl.world_size} processes, {args.steps} steps in {time.perf_counter() - started:.1f} s, "
-              f"{stl.stats.averages} averages ({100 * stl.stats.saved:.0f}% of per-step DDP's traffic saved), "
-              f"held-out accuracy {accuracy:.3f}, models identical on all processes: {in_sync}")
+        print(
+            f"{source}: {stl.world_size} processes, {args.steps} steps in {time.perf_counter() - started:.1f} s, "
+            f"{stl.stats.averages} averages ({100 * stl.stats.saved:.0f}% of per-step DDP's traffic saved), "
+            f"held-out accuracy {accuracy:.3f}, models identical on all processes: {in_sync}"
+        )
 
 
 if __name__ == "__main__":

@@ -24,19 +24,32 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from stlsgd.costmodel import parse_seconds
 
         delay = parse_seconds(args.inject_latency, "--inject-latency")
-    summary = run_experiment(exp, out, backend=args.backend, comm_backend=args.comm_backend, data_dir=args.data_dir,
-                             overwrite=args.overwrite, progress=not args.quiet,
-                             checkpoint_every=args.checkpoint_every, resume=args.resume, inject_latency_s=delay,
-                             tensorboard=Path(args.tensorboard) if args.tensorboard else None)
+    summary = run_experiment(
+        exp,
+        out,
+        backend=args.backend,
+        comm_backend=args.comm_backend,
+        data_dir=args.data_dir,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        inject_latency_s=delay,
+        tensorboard=Path(args.tensorboard) if args.tensorboard else None,
+    )
     if summary is None:  # ranks other than 0 of a distributed run write and print nothing
         return 0
     status = summary["status"]
     if status == "reached":
-        print(f"{summary['name']}: reached the target in {summary['rounds_to_target']} rounds "
-              f"({summary['iterations_to_target']} iterations, {summary['wall_s']:.1f} s)")
+        print(
+            f"{summary['name']}: reached the target in {summary['rounds_to_target']} rounds "
+            f"({summary['iterations_to_target']} iterations, {summary['wall_s']:.1f} s)"
+        )
     else:
-        print(f"{summary['name']}: {status} after {summary['rounds']} rounds "
-              f"({summary['iterations']} iterations, {summary['wall_s']:.1f} s)")
+        print(
+            f"{summary['name']}: {status} after {summary['rounds']} rounds "
+            f"({summary['iterations']} iterations, {summary['wall_s']:.1f} s)"
+        )
     print(f"results in {out}/ (config.yaml, metrics.jsonl, summary.json)")
     return 0
 
@@ -51,8 +64,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from stlsgd.experiments.sweeps import run_sweep
 
-    run_sweep(args.config, Path(args.out) if args.out else None, jobs=args.jobs, data_dir=args.data_dir,
-              quiet=args.quiet, only=args.only, limit=args.limit)
+    run_sweep(
+        args.config,
+        Path(args.out) if args.out else None,
+        jobs=args.jobs,
+        data_dir=args.data_dir,
+        quiet=args.quiet,
+        only=args.only,
+        limit=args.limit,
+    )
     return 0
 
 
@@ -64,8 +84,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
         from stlsgd.costmodel import parse_network
 
         network = parse_network(args.network)
-    for path in write_report([Path(d) for d in args.dirs], Path(args.out), args.prefix, network=network,
-                             select=args.select):
+    for path in write_report(
+        [Path(d) for d in args.dirs], Path(args.out), args.prefix, network=network, select=args.select
+    ):
         print(path)
     return 0
 
@@ -89,8 +110,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
     network = calibrate(load_config(args.config, args.set), Path(args.out), args.data_dir)
     if network is not None:
-        print(f"latency {network.latency_s * 1e6:.1f} us a round, bandwidth {network.bandwidth_Bps * 8 / 1e9:.3g} "
-              f"Gbit/s, step {network.step_s * 1e9:.1f} ns a client-step ({network.source})")
+        print(
+            f"latency {network.latency_s * 1e6:.1f} us a round, bandwidth {network.bandwidth_Bps * 8 / 1e9:.3g} "
+            f"Gbit/s, step {network.step_s * 1e9:.1f} ns a client-step ({network.source})"
+        )
         print(f"profile: {args.out} (use it as --network {args.out})")
     return 0
 
@@ -127,22 +150,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run one experiment config")
     p.add_argument("config", help="experiment config (.toml or .yaml)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field, e.g. algorithm.lr=3.2")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a field, e.g. algorithm.lr=3.2"
+    )
     p.add_argument("--out", help="output directory (default runs/NAME)")
     p.add_argument("--data-dir", help="data directory (default $STLSGD_DATA or the user cache)")
     p.add_argument("--overwrite", action="store_true", help="replace a different run already in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--checkpoint-every", type=int, default=None, metavar="R",
-                   help="write an atomic checkpoint every R rounds")
+    p.add_argument(
+        "--checkpoint-every", type=int, default=None, metavar="R", help="write an atomic checkpoint every R rounds"
+    )
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--backend", choices=("sim", "dist"), default="sim",
-                   help="sim: vectorised simulator (default); dist: torch.distributed, launched by torchrun")
-    p.add_argument("--comm-backend", choices=("auto", "gloo", "nccl"), default="auto",
-                   help="torch.distributed backend for --backend dist (auto: nccl on GPU, else gloo)")
-    p.add_argument("--tensorboard", metavar="DIR", help="also write the metrics as TensorBoard scalars into DIR "
-                   "(needs the tensorboard extra: pip install 'stlsgd[tensorboard]')")
-    p.add_argument("--inject-latency", metavar="TIME", help="--backend dist: wait TIME (e.g. 20ms) before every "
-                   "average, as a slower network would (to validate the cost model)")
+    p.add_argument(
+        "--backend",
+        choices=("sim", "dist"),
+        default="sim",
+        help="sim: vectorised simulator (default); dist: torch.distributed, launched by torchrun",
+    )
+    p.add_argument(
+        "--comm-backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="torch.distributed backend for --backend dist (auto: nccl on GPU, else gloo)",
+    )
+    p.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="also write the metrics as TensorBoard scalars into DIR "
+        "(needs the tensorboard extra: pip install 'stlsgd[tensorboard]')",
+    )
+    p.add_argument(
+        "--inject-latency",
+        metavar="TIME",
+        help="--backend dist: wait TIME (e.g. 20ms) before every "
+        "average, as a slower network would (to validate the cost model)",
+    )
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("demo", help="SyncSGD vs Local SGD vs STL-SGD^sc on the embedded digits (4 vs 9)")
@@ -157,30 +199,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="data directory (default $STLSGD_DATA or the user cache)")
     p.add_argument("--quiet", action="store_true", help="no line per finished run")
     p.add_argument("--only", action="append", metavar="LABEL", help="run only this row (repeatable)")
-    p.add_argument("--limit", type=int, default=None, metavar="N",
-                   help="run only the first N settings of each row, in the file's order (a quick probe)")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run only the first N settings of each row, in the file's order (a quick probe)",
+    )
     p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("report", help="tables (Markdown, CSV) and figures (PNG) from sweep directories")
     p.add_argument("dirs", nargs="+", metavar="DIR", help="sweep output directories (with best.json), one per column")
     p.add_argument("--out", default="report", help="output directory (default ./report)")
     p.add_argument("--prefix", default="table", help="file name prefix (default: table)")
-    p.add_argument("--network", metavar="NET", help="price the runs on a network: a preset (datacenter, "
-                   "cross-region, federated-mobile, lan) with step=..., key=value figures "
-                   "(latency=50ms,bandwidth=1Gbit,step=20us) or a profile from stlsgd calibrate")
-    p.add_argument("--select", choices=("rounds", "time"), default="rounds",
-                   help="choose each row's setting by rounds (the paper's rule, default) or by predicted time")
+    p.add_argument(
+        "--network",
+        metavar="NET",
+        help="price the runs on a network: a preset (datacenter, "
+        "cross-region, federated-mobile, lan) with step=..., key=value figures "
+        "(latency=50ms,bandwidth=1Gbit,step=20us) or a profile from stlsgd calibrate",
+    )
+    p.add_argument(
+        "--select",
+        choices=("rounds", "time"),
+        default="rounds",
+        help="choose each row's setting by rounds (the paper's rule, default) or by predicted time",
+    )
     p.set_defaults(func=_cmd_report)
 
-    p = sub.add_parser("suggest", help="estimate L, mu, sigma^2 and zeta^2 of a config's problem; propose STL-SGD "
-                                      "settings (what algorithm.auto = true runs)")
+    p = sub.add_parser(
+        "suggest",
+        help="estimate L, mu, sigma^2 and zeta^2 of a config's problem; propose STL-SGD "
+        "settings (what algorithm.auto = true runs)",
+    )
     p.add_argument("config", help="experiment config (.toml or .yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
     p.add_argument("--data-dir", help="data directory (default $STLSGD_DATA or the user cache)")
     p.set_defaults(func=_cmd_suggest)
 
-    p = sub.add_parser("calibrate", help="measure a config's step cost and this network's latency and bandwidth; "
-                                        "write a profile for --network")
+    p = sub.add_parser(
+        "calibrate",
+        help="measure a config's step cost and this network's latency and bandwidth; write a profile for --network",
+    )
     p.add_argument("config", help="experiment config (.toml or .yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
     p.add_argument("--data-dir", help="data directory (default $STLSGD_DATA or the user cache)")

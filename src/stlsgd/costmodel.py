@@ -68,18 +68,45 @@ class Network:
 # Latency is one round trip (a synchronous round needs at least one); bandwidth is one client's send rate.
 # Full citations with links: docs/cost_model.md.
 _EC2 = "AWS EC2 User Guide, 'Amazon EC2 instance network bandwidth'"
-PRESETS: dict[str, Network] = {p.name: p for p in (
-    Network(500e-6, 10e9 / 8, None, "datacenter", "RTT 500 us: 'Round trip within same datacenter' (J. Dean, "
+PRESETS: dict[str, Network] = {
+    p.name: p
+    for p in (
+        Network(
+            500e-6,
+            10e9 / 8,
+            None,
+            "datacenter",
+            "RTT 500 us: 'Round trip within same datacenter' (J. Dean, "
             "Latency numbers every programmer should know); "
-            f"10 Gbit/s: single flow in a placement group ({_EC2})"),
-    Network(80e-3, 5e9 / 8, None, "cross-region", "RTT 80 ms: AWS us-east-1 <-> eu-west-1 average 80.5 ms "
-            f"('Latency Between AWS Global Regions'); 5 Gbit/s: single-flow and inter-Region limit ({_EC2})"),
-    Network(50e-3, 8e6 / 8, None, "federated-mobile", "RTT 50 ms: Opensignal USA 2018 mobile latency 52-60 ms "
+            f"10 Gbit/s: single flow in a placement group ({_EC2})",
+        ),
+        Network(
+            80e-3,
+            5e9 / 8,
+            None,
+            "cross-region",
+            "RTT 80 ms: AWS us-east-1 <-> eu-west-1 average 80.5 ms "
+            f"('Latency Between AWS Global Regions'); 5 Gbit/s: single-flow and inter-Region limit ({_EC2})",
+        ),
+        Network(
+            50e-3,
+            8e6 / 8,
+            None,
+            "federated-mobile",
+            "RTT 50 ms: Opensignal USA 2018 mobile latency 52-60 ms "
             "(Ookla 2022 global median 28 ms is to the nearest server); 8 Mbit/s uplink: Opensignal USA 2022 "
-            "average upload 6.7-10.5 Mbit/s, Ookla USA H1 2018 mean 8.63 Mbit/s"),
-    Network(200e-6, 1e9 / 8, None, "lan", "RTT 200 us: intra-rack round trip 100-200 us (Vetora Labs, "
-            "'Latency Numbers Every Engineer Should Know'); 1 Gbit/s: gigabit Ethernet"),
-)}
+            "average upload 6.7-10.5 Mbit/s, Ookla USA H1 2018 mean 8.63 Mbit/s",
+        ),
+        Network(
+            200e-6,
+            1e9 / 8,
+            None,
+            "lan",
+            "RTT 200 us: intra-rack round trip 100-200 us (Vetora Labs, "
+            "'Latency Numbers Every Engineer Should Know'); 1 Gbit/s: gigabit Ethernet",
+        ),
+    )
+}
 
 _NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*"  # a sign, so '-5ms' says "must be > 0"
 _TIME = re.compile(_NUMBER + r"(s|ms|us|µs|μs|ns)")
@@ -87,9 +114,21 @@ _TIME = re.compile(_NUMBER + r"(s|ms|us|µs|μs|ns)")
 _TIME_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "μs": 1e6, "ns": 1e9}
 # Bits are spelled out (Gbit) and bytes are B, so 'Mb' (bit or byte?) is never guessed; all decimal.
 _RATE = re.compile(_NUMBER + r"(Gbit|Mbit|kbit|bit|Gbps|Mbps|kbps|bps|GB|MB|kB|KB|B)(?:/s)?")
-_RATE_UNITS = {"Gbit": 1e9 / 8, "Mbit": 1e6 / 8, "kbit": 1e3 / 8, "bit": 1 / 8,
-               "Gbps": 1e9 / 8, "Mbps": 1e6 / 8, "kbps": 1e3 / 8, "bps": 1 / 8,
-               "GB": 1e9, "MB": 1e6, "kB": 1e3, "KB": 1e3, "B": 1.0}
+_RATE_UNITS = {
+    "Gbit": 1e9 / 8,
+    "Mbit": 1e6 / 8,
+    "kbit": 1e3 / 8,
+    "bit": 1 / 8,
+    "Gbps": 1e9 / 8,
+    "Mbps": 1e6 / 8,
+    "kbps": 1e3 / 8,
+    "bps": 1 / 8,
+    "GB": 1e9,
+    "MB": 1e6,
+    "kB": 1e3,
+    "KB": 1e3,
+    "B": 1.0,
+}
 _EXAMPLES = {"latency": "50ms, 500us, 0.1s", "step": "20us, 1.5ms, 800ns", "bandwidth": "1Gbit, 100Mbit, 125MB"}
 
 
@@ -156,25 +195,35 @@ def parse_network(text: str, arg: str = "--network") -> Network:
     if base is None:
         for key in ("latency", "bandwidth"):
             if key not in values:
-                raise StlsgdError(f"{arg}: {key}: missing (e.g. latency=50ms,bandwidth=1Gbit,step=20us, "
-                                  f"or a preset: {', '.join(PRESETS)})")
+                raise StlsgdError(
+                    f"{arg}: {key}: missing (e.g. latency=50ms,bandwidth=1Gbit,step=20us, "
+                    f"or a preset: {', '.join(PRESETS)})"
+                )
         return Network(values["latency"], values["bandwidth"], values.get("step"), "custom", f"given by {arg}")
     if not values:
         return base
     # The source records which figures are no longer the preset's (or the profile's).
-    return replace(base, **{_FIELDS[k]: v for k, v in values.items()},
-                   source=f"{base.source}; overridden: {','.join(items)}")
+    return replace(
+        base, **{_FIELDS[k]: v for k, v in values.items()}, source=f"{base.source}; overridden: {','.join(items)}"
+    )
 
 
-def write_profile(path: str | Path, network: Network, problem_identity: Mapping[str, Any],
-                  measured: Mapping[str, Any]) -> None:
+def write_profile(
+    path: str | Path, network: Network, problem_identity: Mapping[str, Any], measured: Mapping[str, Any]
+) -> None:
     """Write a calibration profile: the figures, the problem they were measured on, the raw measurements.
 
     The file is replaced atomically (a temporary file renamed over it), so a reader never sees half a profile.
     """
-    doc = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "problem": dict(problem_identity),
-           "latency_s": network.latency_s, "bandwidth_Bps": network.bandwidth_Bps, "step_s": network.step_s,
-           "measured": dict(measured)}
+    doc = {
+        "format": PROFILE_FORMAT,
+        "version": PROFILE_VERSION,
+        "problem": dict(problem_identity),
+        "latency_s": network.latency_s,
+        "bandwidth_Bps": network.bandwidth_Bps,
+        "step_s": network.step_s,
+        "measured": dict(measured),
+    }
     path = Path(path)
     try:
         write_json_atomic(path, doc)
@@ -196,17 +245,23 @@ def read_profile(path: str | Path, arg: str = "--network") -> Network:
     except json.JSONDecodeError as err:
         raise StlsgdError(f"{where}: invalid JSON ({err})") from None
     if not isinstance(doc, dict) or doc.get("format") != PROFILE_FORMAT:
-        raise StlsgdError(f"{where}: not a network profile (expected \"format\": \"{PROFILE_FORMAT}\")")
+        raise StlsgdError(f'{where}: not a network profile (expected "format": "{PROFILE_FORMAT}")')
     if doc.get("version") != PROFILE_VERSION:
-        raise StlsgdError(f"{where}: profile version {doc.get('version')!r} is not supported "
-                          f"(expected {PROFILE_VERSION})")
+        raise StlsgdError(
+            f"{where}: profile version {doc.get('version')!r} is not supported (expected {PROFILE_VERSION})"
+        )
     if not isinstance(doc.get("problem"), dict):
         raise StlsgdError(f"{where}: problem: must be an object")
     for key in ("latency_s", "bandwidth_Bps", "step_s"):
         _check_figure(where, key, doc.get(key))
-    return Network(float(doc["latency_s"]), float(doc["bandwidth_Bps"]),
-                   None if doc.get("step_s") is None else float(doc["step_s"]),
-                   str(path), "calibrated by stlsgd calibrate", doc["problem"])
+    return Network(
+        float(doc["latency_s"]),
+        float(doc["bandwidth_Bps"]),
+        None if doc.get("step_s") is None else float(doc["step_s"]),
+        str(path),
+        "calibrated by stlsgd calibrate",
+        doc["problem"],
+    )
 
 
 def _show(value: Any) -> str:
@@ -224,8 +279,9 @@ def check_profile_matches(network: Network, problem_identity: Mapping[str, Any],
     for key in [*problem_identity, *(k for k in network.problem if k not in problem_identity)]:
         theirs, ours = network.problem.get(key), problem_identity.get(key)
         if theirs != ours:
-            raise StlsgdError(f"{arg}: {network.name} was calibrated on {key} {_show(theirs)}, "
-                              f"this run uses {_show(ours)}")
+            raise StlsgdError(
+                f"{arg}: {network.name} was calibrated on {key} {_show(theirs)}, this run uses {_show(ours)}"
+            )
 
 
 class Usage(NamedTuple):
@@ -251,8 +307,10 @@ def _step(network: Network, client_steps: float, arg: str) -> float:
         return 0.0
     if network.step_s is None:
         example = "latency=50ms,bandwidth=1Gbit" if network.name == "custom" else network.name
-        raise StlsgdError(f"{arg}: step: not given for {network.name!r}; add it (e.g. {example},step=20us) "
-                          f"or use a profile written by 'stlsgd calibrate CONFIG'")
+        raise StlsgdError(
+            f"{arg}: step: not given for {network.name!r}; add it (e.g. {example},step=20us) "
+            f"or use a profile written by 'stlsgd calibrate CONFIG'"
+        )
     return network.step_s
 
 
@@ -264,8 +322,9 @@ def _usage(run: Usage | tuple[float, float, float]) -> Usage:
     return usage
 
 
-def predict(rounds: float, bytes_per_client: float, client_steps: float, network: Network,
-            arg: str = "--network") -> Breakdown:
+def predict(
+    rounds: float, bytes_per_client: float, client_steps: float, network: Network, arg: str = "--network"
+) -> Breakdown:
     """time = rounds * alpha + bytes_per_client / beta + client_steps * c (see the module docstring)."""
     usage = _usage((rounds, bytes_per_client, client_steps))
     latency = usage.rounds * network.latency_s
@@ -274,8 +333,12 @@ def predict(rounds: float, bytes_per_client: float, client_steps: float, network
     return Breakdown(latency, transfer, compute, latency + transfer + compute)
 
 
-def crossover_latency(a: Usage | tuple[float, float, float], b: Usage | tuple[float, float, float],
-                      network: Network, arg: str = "--network") -> float | None:
+def crossover_latency(
+    a: Usage | tuple[float, float, float],
+    b: Usage | tuple[float, float, float],
+    network: Network,
+    arg: str = "--network",
+) -> float | None:
     """The latency alpha > 0 at which runs a and b take the same time, bandwidth and step fixed; else None.
 
     T_a - T_b = alpha (R_a - R_b) - [(B_b - B_a) / beta + (S_b - S_a) c], linear in alpha, so
@@ -289,7 +352,8 @@ def crossover_latency(a: Usage | tuple[float, float, float], b: Usage | tuple[fl
     step = _step(network, ua.client_steps - ub.client_steps, arg)
     if ua.rounds == ub.rounds:
         return None
-    gap = (ub.bytes_per_client - ua.bytes_per_client) / network.bandwidth_Bps \
-        + (ub.client_steps - ua.client_steps) * step
+    gap = (ub.bytes_per_client - ua.bytes_per_client) / network.bandwidth_Bps + (
+        ub.client_steps - ua.client_steps
+    ) * step
     alpha = gap / (ua.rounds - ub.rounds)
     return alpha if alpha > 0 and math.isfinite(alpha) else None

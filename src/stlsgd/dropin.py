@@ -96,10 +96,12 @@ class RoundStats:
 
     def line(self) -> str:
         lr = "-" if self.lr is None else f"{self.lr:.4g}"
-        return (f"stlsgd round {self.round}: stage {self.stage}, period {self.period}, lr {lr}, {self.steps} steps, "
-                f"{self.averages} averages, {self.bytes_sent / 2**20:.1f} MiB sent vs {self.ddp_bytes / 2**20:.1f} "
-                f"MiB for per-step DDP ({100 * self.saved:.1f}% saved), compute {self.compute_s:.1f} s, "
-                f"communication {self.comm_s:.1f} s")
+        return (
+            f"stlsgd round {self.round}: stage {self.stage}, period {self.period}, lr {lr}, {self.steps} steps, "
+            f"{self.averages} averages, {self.bytes_sent / 2**20:.1f} MiB sent vs {self.ddp_bytes / 2**20:.1f} "
+            f"MiB for per-step DDP ({100 * self.saved:.1f}% saved), compute {self.compute_s:.1f} s, "
+            f"communication {self.comm_s:.1f} s"
+        )
 
 
 FIELDS = [f.name for f in dataclasses.fields(RoundStats)] + ["saved"]
@@ -113,11 +115,22 @@ class PlanAverager:
     :meth:`after_step` calls (the adapters use it).
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan, *,
-                 group: dist.ProcessGroup | None = None, plan_lr: bool = False,
-                 optimizer_state: OptimizerState = "keep", lr_group: int = 0,
-                 outer: OuterNesterov | None = None, on_round: Callable[[RoundStats], None] | None = None,
-                 log_every: int | None = None, csv: str | Path | None = None, hook: bool = True) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        plan: Plan,
+        *,
+        group: dist.ProcessGroup | None = None,
+        plan_lr: bool = False,
+        optimizer_state: OptimizerState = "keep",
+        lr_group: int = 0,
+        outer: OuterNesterov | None = None,
+        on_round: Callable[[RoundStats], None] | None = None,
+        log_every: int | None = None,
+        csv: str | Path | None = None,
+        hook: bool = True,
+    ) -> None:
         self.module = _unwrap(model)
         self.optimizer = optimizer
         self.plan = plan
@@ -138,8 +151,10 @@ class PlanAverager:
             self.world_size, self.rank = job.world, job.rank
         if model is not self.module:  # DDP: its gradient all-reduce would undo the point of local steps
             model.require_backward_grad_sync = False
-            self._say("DDP's per-step gradient all-reduce is switched off: the model is averaged at the end of "
-                      "each round of the plan instead")
+            self._say(
+                "DDP's per-step gradient all-reduce is switched off: the model is averaged at the end of "
+                "each round of the plan instead"
+            )
         self._flatten()
         if not self._params:
             raise StlsgdError("model: has no floating-point parameters to average")
@@ -167,10 +182,13 @@ class PlanAverager:
             self._hooks.append(optimizer.register_step_post_hook(lambda opt, args, kwargs: self.after_step()))
         if plan_lr:
             if plan.next_round(Cursor()).lrs is None:
-                raise StlsgdError("plan_lr: the plan has no learning rate of its own; give it lr=... or leave "
-                                  "plan_lr off")
-            self._say("the plan sets the learning rate of every step (plan_lr=True): the optimizer's lr and any "
-                      "LR scheduler are overridden")
+                raise StlsgdError(
+                    "plan_lr: the plan has no learning rate of its own; give it lr=... or leave plan_lr off"
+                )
+            self._say(
+                "the plan sets the learning rate of every step (plan_lr=True): the optimizer's lr and any "
+                "LR scheduler are overridden"
+            )
 
     # ------------------------------------------------------------------ where the loop stands
 
@@ -329,18 +347,22 @@ class PlanAverager:
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise StlsgdError("PlanAverager.load_state_dict: not a PlanAverager state (or one of an older stlsgd)")
         if state["plan"] != self._plan_identity():
-            raise StlsgdError(f"PlanAverager.load_state_dict: the state was taken with plan {state['plan']}, "
-                              f"not {self._plan_identity()}")
+            raise StlsgdError(
+                f"PlanAverager.load_state_dict: the state was taken with plan {state['plan']}, "
+                f"not {self._plan_identity()}"
+            )
         foreign = state["rank"] != self.rank or state["world_size"] != self.world_size
         if foreign and state["step"] != 0:
             raise StlsgdError(
                 f"PlanAverager.load_state_dict: saved by rank {state['rank']} of {state['world_size']} at step "
                 f"{state['step']} of a round; the other ranks' local models are not in it, so this restore cannot "
-                "be exact: save per-rank checkpoints, or save when averager.at_boundary (docs/distributed.md)")
+                "be exact: save per-rank checkpoints, or save when averager.at_boundary (docs/distributed.md)"
+            )
         if foreign and self.optimizer_state == "keep" and self._moments():
             raise StlsgdError(
                 f"PlanAverager.load_state_dict: saved by rank {state['rank']}, and with optimizer_state='keep' each "
-                "rank's momentum differs: save per-rank checkpoints, or use optimizer_state='average'")
+                "rank's momentum differs: save per-rank checkpoints, or use optimizer_state='average'"
+            )
         self._anchor = self._like_params(state["anchor"], "anchor")
         self._start_params = self._like_params(state["start"], "start")
         self._outer_momentum = self._like_params(state["outer_momentum"], "outer_momentum")
@@ -353,8 +375,10 @@ class PlanAverager:
             self._feedback = Feedback(**state["feedback"])
             self._round = self.plan.next_round(self._cursor, self._feedback)
             if self._step >= self._round.steps:
-                raise StlsgdError(f"PlanAverager.load_state_dict: step {self._step} is outside round "
-                                  f"{self._cursor.index}, which has {self._round.steps} steps")
+                raise StlsgdError(
+                    f"PlanAverager.load_state_dict: step {self._step} is outside round "
+                    f"{self._cursor.index}, which has {self._round.steps} steps"
+                )
         self._restored = True
 
     # ------------------------------------------------------------------ internals
@@ -363,8 +387,9 @@ class PlanAverager:
         if tensors is None:
             return None
         if len(tensors) != len(self._params):
-            raise StlsgdError(f"PlanAverager.load_state_dict: {what} holds {len(tensors)} tensors, the model has "
-                              f"{len(self._params)}")
+            raise StlsgdError(
+                f"PlanAverager.load_state_dict: {what} holds {len(tensors)} tensors, the model has {len(self._params)}"
+            )
         return [t.detach().to(p.device, p.dtype).clone() for t, p in zip(tensors, self._params)]
 
     def _plan_identity(self) -> dict[str, Any]:
@@ -431,8 +456,10 @@ class PlanAverager:
         if self._restored or self.world_size == 1:
             return
         if self._moments() or self.iteration:
-            raise StlsgdError("PlanAverager: the optimizer holds state from a checkpoint but the averager's state "
-                              "was not restored; call averager.load_state_dict(saved) before the first step")
+            raise StlsgdError(
+                "PlanAverager: the optimizer holds state from a checkpoint but the averager's state "
+                "was not restored; call averager.load_state_dict(saved) before the first step"
+            )
         for flat in self._flats:
             dist.broadcast(flat, group_src=0, group=self.group)
 
@@ -440,7 +467,9 @@ class PlanAverager:
         s = self.stats
         r = self._round
         s.round, s.stage, s.period, s.steps = r.index + 1, r.stage, r.period, r.end_iteration
-        s.lr = float(r.learning_rates()[-1]) if self.plan_lr else float(self.optimizer.param_groups[self.lr_group]["lr"])
+        s.lr = (
+            float(r.learning_rates()[-1]) if self.plan_lr else float(self.optimizer.param_groups[self.lr_group]["lr"])
+        )
         s.objective = self._objective
         s.ddp_bytes = s.steps * sum(p.numel() * p.element_size() for p in self._params)
         for callback in self._callbacks:
@@ -448,8 +477,9 @@ class PlanAverager:
 
     def _payloads(self, riders: list[torch.Tensor]) -> list[list[torch.Tensor]]:
         """The tensors of each all-reduce: a flat model buffer and the optimizer state of its dtype and device."""
-        groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {(f.dtype, f.device): [f]
-                                                                              for f in self._flats}
+        groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {
+            (f.dtype, f.device): [f] for f in self._flats
+        }
         for t in riders:
             groups.setdefault((t.dtype, t.device), []).append(t)
         return list(groups.values())

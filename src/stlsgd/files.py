@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write(path: Path, write: Callable[[Any], None], *, mode: str = "w", prefix: str | None = None,
-                 suffix: str = ".tmp") -> None:
+def atomic_write(
+    path: Path, write: Callable[[Any], None], *, mode: str = "w", prefix: str | None = None, suffix: str = ".tmp"
+) -> None:
     """Call ``write(file)`` on a temporary file next to ``path``, then move it into place durably."""
     path = Path(path)
     with naming(path):

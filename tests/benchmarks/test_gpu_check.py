@@ -36,8 +36,14 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def _run(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), *args], cwd=REPO,
-                          env=_env(tmp_path), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), *args],
+        cwd=REPO,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     report = json.loads((out / "gpu_check.json").read_text())
     return proc, report
 
@@ -83,9 +89,14 @@ def test_dry_run_passes_every_step_with_real_figures(tmp_path: Path, shared_data
     assert math.isclose(st["column_time_s"], st["time_per_epoch_s"] * st["column"]["epochs"])
     sync = next(r for r in st["column"]["rows"] if r["label"] == "SyncSGD")
     base = sweep["base"]
-    assert math.isclose(sync["epochs"], len(list(itertools.product(*sweep["methods"][0]["grid"].values())))
-                        * base["run"]["max_iterations"] * base["data"]["num_clients"] * base["algorithm"]["batch"]
-                        / 50_000)
+    assert math.isclose(
+        sync["epochs"],
+        len(list(itertools.product(*sweep["methods"][0]["grid"].values())))
+        * base["run"]["max_iterations"]
+        * base["data"]["num_clients"]
+        * base["algorithm"]["batch"]
+        / 50_000,
+    )
 
     # Step 3: torchrun --backend dist (gloo, 2 ranks) vs the simulator on a9a: bit for bit.
     dv = steps["dist_vs_sim"]

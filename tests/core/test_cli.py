@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from stlsgd.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,8 +22,18 @@ def read_metrics(out):
 
 def test_run_writes_config_metrics_and_summary(tmp_path, shared_data):
     out = tmp_path / "run"
-    proc = stlsgd("run", str(ROOT / "configs/examples/a9a_stl_sc.toml"), "--data-dir", str(shared_data),
-                  "--out", str(out), "--set", "run.max_rounds=12", "--set", "algorithm.k=400")
+    proc = stlsgd(
+        "run",
+        str(ROOT / "configs/examples/a9a_stl_sc.toml"),
+        "--data-dir",
+        str(shared_data),
+        "--out",
+        str(out),
+        "--set",
+        "run.max_rounds=12",
+        "--set",
+        "algorithm.k=400",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "budget after 12 rounds" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
@@ -44,8 +53,17 @@ def test_run_writes_config_metrics_and_summary(tmp_path, shared_data):
 def test_stl_sc_reaches_gap_1e4_on_a9a(tmp_path, shared_data):
     """The issue's acceptance run: a9a IID shared, 32 clients, batch 1, target gap 1e-4."""
     out = tmp_path / "a9a"
-    code = main(["run", str(ROOT / "configs/examples/a9a_stl_sc.toml"), "--data-dir", str(shared_data),
-                 "--out", str(out), "--quiet"])
+    code = main(
+        [
+            "run",
+            str(ROOT / "configs/examples/a9a_stl_sc.toml"),
+            "--data-dir",
+            str(shared_data),
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "reached"
@@ -56,9 +74,25 @@ def test_stl_sc_reaches_gap_1e4_on_a9a(tmp_path, shared_data):
 
 def test_mnist49_run(tmp_path, shared_data):
     out = tmp_path / "mnist"
-    code = main(["run", str(ROOT / "configs/examples/a9a_stl_sc.toml"), "--data-dir", str(shared_data), "--out",
-                 str(out), "--quiet", "--set", "data.dataset=mnist49", "--set", "data.partition=noniid",
-                 "--set", "run.max_rounds=5", "--set", "algorithm.k=10"])
+    code = main(
+        [
+            "run",
+            str(ROOT / "configs/examples/a9a_stl_sc.toml"),
+            "--data-dir",
+            str(shared_data),
+            "--out",
+            str(out),
+            "--quiet",
+            "--set",
+            "data.dataset=mnist49",
+            "--set",
+            "data.partition=noniid",
+            "--set",
+            "run.max_rounds=5",
+            "--set",
+            "algorithm.k=10",
+        ]
+    )
     assert code == 0
     metrics = read_metrics(out)
     assert len(metrics) == 5 and metrics[-1]["accuracy"] > 0.9
@@ -97,8 +131,10 @@ def test_calibrate_writes_a_profile_that_network_reads(tmp_path, shared_data, ca
     from stlsgd.costmodel import parse_network
 
     config = tmp_path / "digits.toml"
-    config.write_text('[data]\ndataset = "digits49"\nnum_clients = 4\n[algorithm]\nmethod = "local_sgd"\n'
-                      'lr = 0.5\nk = 10\nbatch = 4\n[run]\ntarget_gap = "none"\nmax_rounds = 5\n')
+    config.write_text(
+        '[data]\ndataset = "digits49"\nnum_clients = 4\n[algorithm]\nmethod = "local_sgd"\n'
+        'lr = 0.5\nk = 10\nbatch = 4\n[run]\ntarget_gap = "none"\nmax_rounds = 5\n'
+    )
     profile = tmp_path / "profile.json"
     assert main(["calibrate", str(config), "--out", str(profile), "--data-dir", str(shared_data)]) == 0
     assert f"profile: {profile}" in capsys.readouterr().out
@@ -113,4 +149,7 @@ def test_calibrate_writes_a_profile_that_network_reads(tmp_path, shared_data, ca
     assert (network.latency_s, network.step_s) == (saved["latency_s"], saved["step_s"])
     # --out naming a directory is refused in one line before anything runs.
     assert main(["calibrate", str(config), "--out", str(tmp_path), "--data-dir", str(shared_data)]) == 2
-    assert capsys.readouterr().err.strip() == f"stlsgd: error: {tmp_path}: is a directory; --out names the profile file to write"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"stlsgd: error: {tmp_path}: is a directory; --out names the profile file to write"
+    )

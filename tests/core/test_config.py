@@ -2,8 +2,8 @@
 
 import pytest
 
-from stlsgd.errors import ConfigError
 from stlsgd.algorithms import PlanContext
+from stlsgd.errors import ConfigError
 from stlsgd.experiments.config import load_config, parse_value
 
 
@@ -23,7 +23,9 @@ def test_toml_and_yaml_load_the_same_experiment(tmp_path):
 
 def test_overrides_parse_toml_literals(tmp_path):
     path = write(tmp_path, "")
-    exp = load_config(path, ["algorithm.lr=1e-2", "data.partition=noniid", "run.target_gap=null", "algorithm.iid=false"])
+    exp = load_config(
+        path, ["algorithm.lr=1e-2", "data.partition=noniid", "run.target_gap=null", "algorithm.iid=false"]
+    )
     assert exp.algorithm.lr == 0.01 and exp.data.partition == "noniid"
     assert exp.run.target_gap is None and exp.algorithm.iid is False
     assert parse_value("[1, 2]") == [1, 2] and parse_value("a9a") == "a9a"
@@ -39,7 +41,7 @@ def test_overrides_parse_toml_literals(tmp_path):
         ('[algorithm]\nmethod = "stl_nc"\nT1 = 10\n', "algorithm.gamma"),
         ('[algorithm]\nmethod = "stl_nc"\nT1 = 10\ngamma = -1\n', "algorithm.gamma"),
         ("[data]\ns = 150\n", "data.s"),
-        ("[data]\nnum_clients = \"many\"\n", "data.num_clients"),
+        ('[data]\nnum_clients = "many"\n', "data.num_clients"),
         ("[run]\ntarget_gap = 1e-4\nmax_iter = 3\n", "run.max_iter"),
         ("[nonsense]\n", "nonsense"),
     ],
@@ -65,7 +67,12 @@ def test_stl_sc_first_stage_from_the_lambda_rule(tmp_path):
     exp = load_config(write(tmp_path, '[algorithm]\nmethod = "stl_sc"\nlr = 32\nk = 100\n'))
     plan = exp.algorithm.plan(PlanContext(num_samples=32561, num_clients=32, lam=1 / 32561, iid=True))
     assert (plan.T1, plan.k1, plan.iid) == (1018, 100, True)
-    exp = load_config(write(tmp_path, '[algorithm]\nmethod = "stl_nc"\nlr = 0.1\nk = 5\nT1_epochs = 2\ngamma = 100\noption = 2\nbatch = 64\n'))
+    exp = load_config(
+        write(
+            tmp_path,
+            '[algorithm]\nmethod = "stl_nc"\nlr = 0.1\nk = 5\nT1_epochs = 2\ngamma = 100\noption = 2\nbatch = 64\n',
+        )
+    )
     plan = exp.algorithm.plan(PlanContext(num_samples=50000, num_clients=8, lam=1e-5, iid=False))
     # 2 epochs of 50,000 samples at 8 clients x 64 = 196 iterations; Non-IID growth sqrt(s).
     assert (plan.T1, plan.option, plan.gamma, plan.iid) == (196, 2, 100.0, False)

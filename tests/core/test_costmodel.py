@@ -58,10 +58,12 @@ def test_step_is_needed_only_when_there_is_computation():
     assert predict(2, 0, 0, PRESETS["datacenter"]).total_s == pytest.approx(2 * 500e-6)
     assert error(predict, 2, 0, 10, PRESETS["datacenter"]) == (
         "--network: step: not given for 'datacenter'; add it (e.g. datacenter,step=20us) "
-        "or use a profile written by 'stlsgd calibrate CONFIG'")
+        "or use a profile written by 'stlsgd calibrate CONFIG'"
+    )
     assert error(predict, 2, 0, 10, parse_network("latency=1ms,bandwidth=1Gbit")) == (
         "--network: step: not given for 'custom'; add it (e.g. latency=50ms,bandwidth=1Gbit,step=20us) "
-        "or use a profile written by 'stlsgd calibrate CONFIG'")
+        "or use a profile written by 'stlsgd calibrate CONFIG'"
+    )
 
 
 def test_predict_rejects_impossible_counts():
@@ -95,7 +97,8 @@ def test_crossover_by_hand_on_steps():
     assert crossover_latency((10, 0, 1000), (5, 0, 2000), net) == pytest.approx(0.2, rel=1e-15)
     # The step cost matters here, so it is required.
     assert error(crossover_latency, (10, 0, 1000), (5, 0, 2000), PRESETS["lan"]).startswith(
-        "--network: step: not given for 'lan'")
+        "--network: step: not given for 'lan'"
+    )
 
 
 def test_crossover_none_when_they_never_cross():
@@ -110,20 +113,46 @@ def test_crossover_none_when_they_never_cross():
 # ---------------------------------------------------------------- units
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("1s", 1.0), ("0.5s", 0.5), ("50ms", 0.05), ("20us", 2e-5), ("20µs", 2e-5), ("20μs", 2e-5),
-    ("800ns", 8e-7), ("1.5e3us", 1.5e-3), (".5ms", 5e-4), ("2 ms", 2e-3),
-])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1s", 1.0),
+        ("0.5s", 0.5),
+        ("50ms", 0.05),
+        ("20us", 2e-5),
+        ("20µs", 2e-5),
+        ("20μs", 2e-5),
+        ("800ns", 8e-7),
+        ("1.5e3us", 1.5e-3),
+        (".5ms", 5e-4),
+        ("2 ms", 2e-3),
+    ],
+)
 def test_time_units(text, seconds):
     net = parse_network(f"latency={text},bandwidth=1B,step={text}")
     assert net.latency_s == seconds and net.step_s == seconds
 
 
-@pytest.mark.parametrize(("text", "bytes_per_s"), [
-    ("1Gbit", 125e6), ("100Mbit", 12.5e6), ("8kbit", 1000.0), ("8bit", 1.0), ("1Gbit/s", 125e6),
-    ("1Gbps", 125e6), ("100Mbps", 12.5e6), ("8kbps", 1000.0), ("16bps", 2.0),
-    ("1.25GB", 1.25e9), ("125MB", 125e6), ("1kB", 1000.0), ("1KB", 1000.0), ("10B", 10.0), ("125MB/s", 125e6),
-])
+@pytest.mark.parametrize(
+    ("text", "bytes_per_s"),
+    [
+        ("1Gbit", 125e6),
+        ("100Mbit", 12.5e6),
+        ("8kbit", 1000.0),
+        ("8bit", 1.0),
+        ("1Gbit/s", 125e6),
+        ("1Gbps", 125e6),
+        ("100Mbps", 12.5e6),
+        ("8kbps", 1000.0),
+        ("16bps", 2.0),
+        ("1.25GB", 1.25e9),
+        ("125MB", 125e6),
+        ("1kB", 1000.0),
+        ("1KB", 1000.0),
+        ("10B", 10.0),
+        ("125MB/s", 125e6),
+    ],
+)
 def test_bandwidth_units(text, bytes_per_s):
     assert parse_network(f"latency=1ms,bandwidth={text}").bandwidth_Bps == bytes_per_s
 
@@ -161,25 +190,32 @@ def test_custom_network():
 # ---------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("latency=0ms,bandwidth=1Gbit", "--network: latency: must be > 0, got '0ms'"),
-    ("datacenter,step=0us", "--network: step: must be > 0, got '0us'"),
-    ("latency=1e400ms,bandwidth=1Gbit", "--network: latency: must be finite, got '1e400ms'"),
-    ("wan", f"--network: unknown preset 'wan'; known: {KNOWN}"),
-    ("latency=1ms,bandwidth=1 gigabit",
-     "--network: bandwidth: cannot parse '1 gigabit' (use e.g. 1Gbit, 100Mbit, 125MB)"),
-    ("latency=1ms,bandwidth=1Mb", "--network: bandwidth: cannot parse '1Mb' (use e.g. 1Gbit, 100Mbit, 125MB)"),
-    ("latency=50,bandwidth=1Gbit", "--network: latency: cannot parse '50' (use e.g. 50ms, 500us, 0.1s)"),
-    ("latency=-5ms,bandwidth=1Gbit", "--network: latency: must be > 0, got '-5ms'"),
-    ("datacenter,step=fast", "--network: step: cannot parse 'fast' (use e.g. 20us, 1.5ms, 800ns)"),
-    ("latncy=50ms,bandwidth=1Gbit", "--network: unknown field 'latncy' (latency, bandwidth, step)"),
-    ("latency50ms", "--network: expected field=value, got 'latency50ms' (e.g. latency=50ms)"),
-    ("datacenter,latency50ms", "--network: expected field=value, got 'latency50ms' (e.g. latency=50ms)"),
-    ("latency=1ms,latency=2ms", "--network: latency: given twice"),
-    ("latency=1ms", "--network: bandwidth: missing (e.g. latency=50ms,bandwidth=1Gbit,step=20us, "
-                    f"or a preset: {KNOWN})"),
-    ("  ", f"--network: empty; give a preset ({KNOWN}) or latency=...,bandwidth=..."),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("latency=0ms,bandwidth=1Gbit", "--network: latency: must be > 0, got '0ms'"),
+        ("datacenter,step=0us", "--network: step: must be > 0, got '0us'"),
+        ("latency=1e400ms,bandwidth=1Gbit", "--network: latency: must be finite, got '1e400ms'"),
+        ("wan", f"--network: unknown preset 'wan'; known: {KNOWN}"),
+        (
+            "latency=1ms,bandwidth=1 gigabit",
+            "--network: bandwidth: cannot parse '1 gigabit' (use e.g. 1Gbit, 100Mbit, 125MB)",
+        ),
+        ("latency=1ms,bandwidth=1Mb", "--network: bandwidth: cannot parse '1Mb' (use e.g. 1Gbit, 100Mbit, 125MB)"),
+        ("latency=50,bandwidth=1Gbit", "--network: latency: cannot parse '50' (use e.g. 50ms, 500us, 0.1s)"),
+        ("latency=-5ms,bandwidth=1Gbit", "--network: latency: must be > 0, got '-5ms'"),
+        ("datacenter,step=fast", "--network: step: cannot parse 'fast' (use e.g. 20us, 1.5ms, 800ns)"),
+        ("latncy=50ms,bandwidth=1Gbit", "--network: unknown field 'latncy' (latency, bandwidth, step)"),
+        ("latency50ms", "--network: expected field=value, got 'latency50ms' (e.g. latency=50ms)"),
+        ("datacenter,latency50ms", "--network: expected field=value, got 'latency50ms' (e.g. latency=50ms)"),
+        ("latency=1ms,latency=2ms", "--network: latency: given twice"),
+        (
+            "latency=1ms",
+            f"--network: bandwidth: missing (e.g. latency=50ms,bandwidth=1Gbit,step=20us, or a preset: {KNOWN})",
+        ),
+        ("  ", f"--network: empty; give a preset ({KNOWN}) or latency=...,bandwidth=..."),
+    ],
+)
 def test_parse_errors_are_one_line(text, message):
     assert error(parse_network, text) == message
 
@@ -204,9 +240,15 @@ def test_profile_round_trip(tmp_path):
     path = tmp_path / "profile.json"
     write_profile(path, Network(2e-3, 5e8, 3e-6), IDENTITY, {"step_samples": [3.1e-6, 2.9e-6]})
     doc = json.loads(path.read_text())
-    assert doc == {"format": "stlsgd-network-profile", "version": 1, "problem": IDENTITY,
-                   "latency_s": 2e-3, "bandwidth_Bps": 5e8, "step_s": 3e-6,
-                   "measured": {"step_samples": [3.1e-6, 2.9e-6]}}
+    assert doc == {
+        "format": "stlsgd-network-profile",
+        "version": 1,
+        "problem": IDENTITY,
+        "latency_s": 2e-3,
+        "bandwidth_Bps": 5e8,
+        "step_s": 3e-6,
+        "measured": {"step_samples": [3.1e-6, 2.9e-6]},
+    }
     net = parse_network(str(path))
     assert (net.latency_s, net.bandwidth_Bps, net.step_s, net.name) == (2e-3, 5e8, 3e-6, str(path))
     assert dict(net.problem) == IDENTITY
@@ -224,7 +266,8 @@ def test_profile_path_with_a_comma(tmp_path):
     assert net.step_s is None and net.name == str(path)
     assert error(predict, 1, 0, 5, net) == (
         f"--network: step: not given for '{path}'; add it (e.g. {path},step=20us) "
-        "or use a profile written by 'stlsgd calibrate CONFIG'")
+        "or use a profile written by 'stlsgd calibrate CONFIG'"
+    )
 
 
 def test_profile_mismatch_names_the_field(tmp_path):
@@ -232,25 +275,35 @@ def test_profile_mismatch_names_the_field(tmp_path):
     write_profile(path, Network(2e-3, 5e8, 3e-6), IDENTITY, {})
     net = parse_network(str(path))
     assert error(check_profile_matches, net, {**IDENTITY, "dataset": "mnist49"}) == (
-        f"--network: {path} was calibrated on dataset 'a9a', this run uses 'mnist49'")
+        f"--network: {path} was calibrated on dataset 'a9a', this run uses 'mnist49'"
+    )
     assert error(check_profile_matches, net, {**IDENTITY, "num_clients": 8}) == (
-        f"--network: {path} was calibrated on num_clients 32, this run uses 8")
+        f"--network: {path} was calibrated on num_clients 32, this run uses 8"
+    )
     assert error(check_profile_matches, net, {k: v for k, v in IDENTITY.items() if k != "batch"}) == (
-        f"--network: {path} was calibrated on batch 1, this run uses (not recorded)")
+        f"--network: {path} was calibrated on batch 1, this run uses (not recorded)"
+    )
     check_profile_matches(PRESETS["datacenter"], IDENTITY)  # presets carry no identity
 
 
-@pytest.mark.parametrize(("content", "tail"), [
-    ("{not json", "invalid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
-    ('{"format": "other", "version": 1}', 'not a network profile (expected "format": "stlsgd-network-profile")'),
-    ("[1, 2]", 'not a network profile (expected "format": "stlsgd-network-profile")'),
-    ('{"format": "stlsgd-network-profile", "version": 2}', "profile version 2 is not supported (expected 1)"),
-    ('{"format": "stlsgd-network-profile", "version": 1, "problem": []}', "problem: must be an object"),
-    ('{"format": "stlsgd-network-profile", "version": 1, "problem": {}, "latency_s": 0, "bandwidth_Bps": 1}',
-     "latency_s: must be a number > 0 and finite, got 0"),
-    ('{"format": "stlsgd-network-profile", "version": 1, "problem": {}, "latency_s": 1, "bandwidth_Bps": "x"}',
-     "bandwidth_Bps: must be a number > 0 and finite, got 'x'"),
-])
+@pytest.mark.parametrize(
+    ("content", "tail"),
+    [
+        ("{not json", "invalid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+        ('{"format": "other", "version": 1}', 'not a network profile (expected "format": "stlsgd-network-profile")'),
+        ("[1, 2]", 'not a network profile (expected "format": "stlsgd-network-profile")'),
+        ('{"format": "stlsgd-network-profile", "version": 2}', "profile version 2 is not supported (expected 1)"),
+        ('{"format": "stlsgd-network-profile", "version": 1, "problem": []}', "problem: must be an object"),
+        (
+            '{"format": "stlsgd-network-profile", "version": 1, "problem": {}, "latency_s": 0, "bandwidth_Bps": 1}',
+            "latency_s: must be a number > 0 and finite, got 0",
+        ),
+        (
+            '{"format": "stlsgd-network-profile", "version": 1, "problem": {}, "latency_s": 1, "bandwidth_Bps": "x"}',
+            "bandwidth_Bps: must be a number > 0 and finite, got 'x'",
+        ),
+    ],
+)
 def test_bad_profiles_name_the_file(tmp_path, content, tail):
     path = tmp_path / "profile.json"
     path.write_text(content)
@@ -273,6 +326,7 @@ def test_no_torch_at_import():
 def test_unwritable_profile_names_the_file(tmp_path):
     path = tmp_path / "missing-dir" / "profile.json"
     assert error(write_profile, path, PRESETS["lan"], IDENTITY, {}) == (
-        f"{path}: cannot write the profile (No such file or directory)")
+        f"{path}: cannot write the profile (No such file or directory)"
+    )
     write_profile(tmp_path / "p.json", PRESETS["lan"], IDENTITY, {})
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"]  # no temporary file left behind

@@ -80,7 +80,10 @@ def test_many_steps_match_a_plain_loop(values):
     problem = LogisticRegression(sp.csr_matrix(dense), y)
     data, table = problem._rows[2:]
     assert (None if data is None else data.dtype, table is None) == {
-        "float": (np.float64, True), "few": (np.uint8, False), "ones": (None, True)}[values]
+        "float": (np.float64, True),
+        "few": (np.uint8, False),
+        "ones": (None, True),
+    }[values]
     state = problem.init_state(6)  # four clients' margins are summed together, then the other two
     rows = rng.integers(0, 400, size=(40, 6, 2))
     lrs = 1.0 / (1 + 0.01 * np.arange(40))

@@ -85,8 +85,15 @@ def test_the_round_loop_is_scaffold_and_diloco(digits, outer: OuterNesterov | No
     partition = make_partition(ds.y, 4, "noniid", seed=0, s=0)
     plan = LocalSGD(lr=0.5, k=5, lr_decay=0.05)  # the lr changes within every round
     sampler = Sampler(partition, 7)
-    state = run(plan, problem, sampler, StopRule(max_rounds=6), init_run_state(problem, sampler, 4, 7),
-                progress=False, rule=RoundRule(drift=True, outer=outer))
+    state = run(
+        plan,
+        problem,
+        sampler,
+        StopRule(max_rounds=6),
+        init_run_state(problem, sampler, 4, 7),
+        progress=False,
+        rule=RoundRule(drift=True, outer=outer),
+    )
     want = _scaffold_reference(ds, problem, partition, plan, 6, 7, outer)
     np.testing.assert_allclose(state.clients["w"][0], want, rtol=1e-10, atol=1e-13)
     assert np.abs(state.control["w"]).max() > 1e-3  # the control variates are doing something
@@ -100,18 +107,36 @@ def test_the_first_drift_round_is_plain_local_sgd(digits) -> None:
     out = []
     for rule in (RoundRule(), RoundRule(drift=True)):
         sampler = Sampler(partition, 1)
-        out.append(run(plan, problem, sampler, StopRule(max_rounds=1), init_run_state(problem, sampler, 4, 1),
-                       progress=False, rule=rule).clients["w"])
+        out.append(
+            run(
+                plan,
+                problem,
+                sampler,
+                StopRule(max_rounds=1),
+                init_run_state(problem, sampler, 4, 1),
+                progress=False,
+                rule=rule,
+            ).clients["w"]
+        )
     assert np.array_equal(out[0], out[1])  # c = c_i = 0 at the start
 
 
 def test_stl_with_drift_grows_k_by_two_and_resumes_across_a_period_change_bit_for_bit(tmp_path: Path) -> None:
-    exp = Experiment.model_validate({
-        "data": {"dataset": "digits49", "num_clients": 6, "partition": "noniid", "s": 20},
-        "algorithm": {"method": "stl_sc", "lr": 0.5, "k": 3, "T1": 24, "drift": True,
-                      "outer_lr": 0.8, "outer_momentum": 0.5},
-        "run": {"target_gap": "none", "max_rounds": 40, "eval_every": 2},
-    })
+    exp = Experiment.model_validate(
+        {
+            "data": {"dataset": "digits49", "num_clients": 6, "partition": "noniid", "s": 20},
+            "algorithm": {
+                "method": "stl_sc",
+                "lr": 0.5,
+                "k": 3,
+                "T1": 24,
+                "drift": True,
+                "outer_lr": 0.8,
+                "outer_momentum": 0.5,
+            },
+            "run": {"target_gap": "none", "max_rounds": 40, "eval_every": 2},
+        }
+    )
     whole = run_experiment(exp, tmp_path / "whole", progress=False, checkpoint_every=5)
     assert whole["plan"]["iid"] is True  # the Non-IID partition would give x sqrt 2 without drift correction
     assert whole["bytes_per_client"] == 40 * 64 * 8 * 2

@@ -15,8 +15,8 @@ from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
 
 
-def take(plan, n, feedback=Feedback()):
-    return list(itertools.islice(plan.rounds(feedback=feedback), n))
+def take(plan, n, feedback=None):
+    return list(itertools.islice(plan.rounds(feedback=feedback or Feedback()), n))
 
 
 def test_post_local_sgd_is_synchronous_for_its_warm_up_then_local() -> None:
@@ -30,7 +30,15 @@ def test_lr_coupled_keeps_eta_times_k_constant_on_its_own_schedule() -> None:
     # (the round starting at step 10), 8 at 0.1 (the round starting at step 22: 0.4 * 0.5^2), 16 at 0.05 (step 30).
     plan = LRCoupled(lrs=StepDecay(0.4, 10, 0.5), k1=2, lr1=0.4)
     assert [(r.start_iteration, r.steps) for r in take(plan, 8)] == [
-        (0, 2), (2, 2), (4, 2), (6, 2), (8, 2), (10, 4), (14, 4), (18, 4)]
+        (0, 2),
+        (2, 2),
+        (4, 2),
+        (6, 2),
+        (8, 2),
+        (10, 4),
+        (14, 4),
+        (18, 4),
+    ]
     assert [(r.start_iteration, r.steps) for r in take(plan, 10)][8:] == [(22, 8), (30, 16)]
 
 
@@ -69,8 +77,9 @@ def test_adacomm_shrinks_the_period_as_the_fed_back_loss_falls() -> None:
 
 def test_the_config_models_build_these_plans() -> None:
     ctx = PlanContext(num_samples=1000, num_clients=4, lam=None, iid=True, max_iterations=500)
-    exp = Experiment.model_validate({"algorithm": {"method": "qsr", "lr": 0.2, "alpha": 0.1, "h_base": 3,
-                                                   "lr_schedule": "cosine"}})
+    exp = Experiment.model_validate(
+        {"algorithm": {"method": "qsr", "lr": 0.2, "alpha": 0.1, "h_base": 3, "lr_schedule": "cosine"}}
+    )
     plan = exp.algorithm.plan(ctx)
     assert isinstance(plan, QSR) and plan.lrs == Cosine(0.2, 500)  # the cosine's length: the budget
     with pytest.raises(Exception, match="decay_every"):
@@ -80,11 +89,13 @@ def test_the_config_models_build_these_plans() -> None:
 @pytest.mark.parametrize("method", ["lr_coupled", "adacomm"])
 def test_resume_across_a_period_change_is_bit_identical(tmp_path: Path, method: str) -> None:
     # lr_coupled: eta_t = 0.5/(1 + 0.05 t) doubles the period by t = 20; adacomm: the loss fed back shrinks it.
-    exp = Experiment.model_validate({
-        "data": {"dataset": "digits49", "num_clients": 4, "partition": "noniid"},
-        "algorithm": {"method": method, "lr": 0.5, "lr_decay": 0.05, "k": 4},
-        "run": {"target_gap": "none", "max_rounds": 30, "eval_every": 2},
-    })
+    exp = Experiment.model_validate(
+        {
+            "data": {"dataset": "digits49", "num_clients": 4, "partition": "noniid"},
+            "algorithm": {"method": method, "lr": 0.5, "lr_decay": 0.05, "k": 4},
+            "run": {"target_gap": "none", "max_rounds": 30, "eval_every": 2},
+        }
+    )
     whole = run_experiment(exp, tmp_path / "whole", progress=False, checkpoint_every=4)
     periods = [json.loads(line)["period"] for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
     assert len(set(periods)) > 1, periods  # the period did change
@@ -99,4 +110,3 @@ def test_resume_across_a_period_change_is_bit_identical(tmp_path: Path, method: 
     assert (resumed["rounds"], resumed["iterations"]) == (whole["rounds"], whole["iterations"])
     with np.load(tmp_path / "whole" / "final_params.npz") as a, np.load(tmp_path / "cut" / "final_params.npz") as b:
         assert np.array_equal(a["w"], b["w"])
-

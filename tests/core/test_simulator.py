@@ -19,8 +19,16 @@ def digits():
 def simulate(problem, partition, plan, stop, seed=0, fstar=None):
     sampler = Sampler(partition, seed)
     metrics = []
-    state = run(plan, problem, sampler, stop, init_run_state(problem, sampler, partition.num_clients, seed),
-                fstar=fstar, on_metrics=metrics.append, progress=False)
+    state = run(
+        plan,
+        problem,
+        sampler,
+        stop,
+        init_run_state(problem, sampler, partition.num_clients, seed),
+        fstar=fstar,
+        on_metrics=metrics.append,
+        progress=False,
+    )
     return state, metrics
 
 
@@ -50,12 +58,24 @@ def test_local_sgd_equals_a_plain_loop_over_clients(digits):
 def test_accounting_and_metrics_fields(digits):
     ds, problem = digits
     partition = make_partition(ds.y, 8, "shared", seed=0)
-    state, metrics = simulate(problem, partition, LocalSGD(lr=0.1, k=3), StopRule(max_rounds=10, eval_every=4),
-                              fstar=problem.optimum())
+    state, metrics = simulate(
+        problem, partition, LocalSGD(lr=0.1, k=3), StopRule(max_rounds=10, eval_every=4), fstar=problem.optimum()
+    )
     assert [m["round"] for m in metrics] == [4, 8, 10]  # every 4 rounds, and the last one
     assert state.bytes == 10 * 2 * 8 * 64 * 8  # rounds x (send + receive) x clients x d float64s
-    assert set(metrics[0]) >= {"round", "iteration", "stage", "lr", "period", "batch", "objective", "gap",
-                               "accuracy", "bytes", "wall_s"}
+    assert set(metrics[0]) >= {
+        "round",
+        "iteration",
+        "stage",
+        "lr",
+        "period",
+        "batch",
+        "objective",
+        "gap",
+        "accuracy",
+        "bytes",
+        "wall_s",
+    }
     assert metrics[-1]["gap"] == pytest.approx(metrics[-1]["objective"] - problem.optimum())
     assert state.status == "budget"
 
@@ -135,14 +155,27 @@ def test_fused_synchronous_rounds_equal_round_by_round(digits, plan):
     for name, topology in (("fused", LOCAL), ("one by one", Topology(clients=slice(0, 4)))):
         sampler = Sampler(partition, 3)
         rounds = []
-        state = run(plan, problem, sampler, stop, init_run_state(problem, sampler, 4, 3), progress=False,
-                    on_metrics=lambda m: None, on_round=lambda st, rnd: rounds.append(st.round), align=5,
-                    topology=topology)
+        state = run(
+            plan,
+            problem,
+            sampler,
+            stop,
+            init_run_state(problem, sampler, 4, 3),
+            progress=False,
+            on_metrics=lambda m: None,
+            on_round=lambda st, rnd, rounds=rounds: rounds.append(st.round),
+            align=5,
+            topology=topology,
+        )
         seen[name] = (state, rounds)
     fused, one = seen["fused"][0], seen["one by one"][0]
     assert np.array_equal(fused.clients["w"], one.clients["w"])
     assert (fused.round, fused.iteration, fused.bytes, fused.sampler_state) == (
-        one.round, one.iteration, one.bytes, one.sampler_state)
+        one.round,
+        one.iteration,
+        one.bytes,
+        one.sampler_state,
+    )
     assert seen["one by one"][1] == list(range(1, 41))
     # Groups end at evaluations (every 7), checkpoint alignment (every 5) and the budget; CR-PSGD's also where
     # its batch grows.

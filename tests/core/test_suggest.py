@@ -40,9 +40,13 @@ def test_the_estimates_are_the_definitions_computed_directly() -> None:
 
 
 def test_auto_runs_with_the_proposal_and_says_so(tmp_path: Path) -> None:
-    exp = Experiment.model_validate({"data": {"dataset": "digits49", "num_clients": 4, "partition": "noniid"},
-                                     "algorithm": {"method": "stl_sc", "auto": True},
-                                     "run": {"max_rounds": 3, "target_gap": "none"}})
+    exp = Experiment.model_validate(
+        {
+            "data": {"dataset": "digits49", "num_clients": 4, "partition": "noniid"},
+            "algorithm": {"method": "stl_sc", "auto": True},
+            "run": {"max_rounds": 3, "target_gap": "none"},
+        }
+    )
     summary = run_experiment(exp, tmp_path / "run", progress=False)
     ds = load_dataset("digits49")
     p = propose(estimate(LogisticRegression(ds.X, ds.y), make_partition(ds.y, 4, "noniid", seed=0)))
@@ -64,15 +68,21 @@ def test_suggest_prints_the_estimates_and_the_proposal(tmp_path: Path, capsys: p
     assert "proposal (algorithm.auto = true): lr = " in out and "drift = false" in out
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ('[data]\nnum_clients = 0\n', "data.num_clients: Input should be greater than or equal to 1"),
-    ('[data]\ndataset = "missing.svm"\n', "missing.svm: not found"),
-    ('[data]\ndataset = "mnist10"\n[problem]\nkind = "net"\n[algorithm]\nmethod = "local_sgd"\n',
-     "problem.kind: suggest estimates the constants of Eq. 8"),
-    ('[algorithm]\nmethod = "stl_sc"\nauto = true\nk = 4\n', "algorithm.auto: sets k itself; remove it"),
-])
-def test_suggest_on_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
-                                          message: str, shared_data: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[data]\nnum_clients = 0\n", "data.num_clients: Input should be greater than or equal to 1"),
+        ('[data]\ndataset = "missing.svm"\n', "missing.svm: not found"),
+        (
+            '[data]\ndataset = "mnist10"\n[problem]\nkind = "net"\n[algorithm]\nmethod = "local_sgd"\n',
+            "problem.kind: suggest estimates the constants of Eq. 8",
+        ),
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\nk = 4\n', "algorithm.auto: sets k itself; remove it"),
+    ],
+)
+def test_suggest_on_bad_input_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str, shared_data: Path
+) -> None:
     config = _write(tmp_path, "c.toml", text)
     assert main(["suggest", str(config), "--data-dir", str(shared_data)]) == 2
     err = capsys.readouterr().err
@@ -85,5 +95,7 @@ def test_zero_gradient_variance_is_a_stated_fallback(tmp_path: Path, capsys: pyt
     config = _write(tmp_path, "c.toml", f'[data]\ndataset = "{data}"\nnum_clients = 2\npartition = "split"\n')
     assert main(["suggest", str(config)]) == 0
     out = capsys.readouterr().out
-    assert "sigma^2 = 0 " in out and "fallback: sigma^2 = 0 (every sample's gradient at x_0 is the same): treated " \
-                                     "as IID" in out
+    assert (
+        "sigma^2 = 0 " in out
+        and "fallback: sigma^2 = 0 (every sample's gradient at x_0 is the same): treated as IID" in out
+    )

@@ -16,8 +16,17 @@ import numpy as np
 import pytest
 
 from stlsgd.cli import main
-from stlsgd.data import cifar10_pickle, cifar10_png, fetch, load_dataset, mnist10, mnist_binary, read_idx, read_svmlight
-from stlsgd.data import readers
+from stlsgd.data import (
+    cifar10_pickle,
+    cifar10_png,
+    fetch,
+    load_dataset,
+    mnist10,
+    mnist_binary,
+    read_idx,
+    read_svmlight,
+    readers,
+)
 from stlsgd.errors import DataError
 
 PNG_DIR = "cifar10/train_first200_kaggle/train"
@@ -46,8 +55,9 @@ def _file(tmp: Path, name: str, content: str | bytes) -> Path:
 
 
 @pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-        tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[int, str, str]]:
+def cli(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., tuple[int, str, str]]:
     """``stlsgd ARGS`` in this process: (exit status, stdout, stderr)."""
     monkeypatch.setenv("STLSGD_CACHE", str(tmp_path_factory.getbasetemp() / "stlsgd-cache"))
 
@@ -86,7 +96,8 @@ def test_feature_index_beyond_c_int_is_too_large(tmp_path: Path) -> None:
     path = _file(tmp_path, "big.svm", "+1 1:1\n-1 2:1 1000000000000:1\n")
     assert _message(lambda: read_svmlight(path)) == (
         f"{path}:2: feature index 1000000000000 is too large (limit 16777216 = 2^24: d = 1000000000000 features "
-        "would need 7.28 TiB of float64 model weights per client)")
+        "would need 7.28 TiB of float64 model weights per client)"
+    )
 
 
 def test_feature_index_2e9_is_too_large(tmp_path: Path) -> None:
@@ -94,21 +105,24 @@ def test_feature_index_2e9_is_too_large(tmp_path: Path) -> None:
     path = _file(tmp_path, "wide.svm", "+1 1:1 2000000000:1\n-1 2:1\n")
     assert _message(lambda: read_svmlight(path)) == (
         f"{path}:1: feature index 2000000000 is too large (limit 16777216 = 2^24: d = 2000000000 features "
-        "would need 14.9 GiB of float64 model weights per client)")
+        "would need 14.9 GiB of float64 model weights per client)"
+    )
 
 
 def test_1e8_features_refused_early_with_the_reason(tmp_path: Path) -> None:
     path = _file(tmp_path, "d1e8.svm.gz", gzip.compress(b"+1 1:1\n-1 5:1\n+1 100000000:0.5\n"))
     assert _message(lambda: read_svmlight(path)) == (
         f"{path}:3: feature index 100000000 is too large (limit 16777216 = 2^24: d = 100000000 features "
-        "would need 763 MiB of float64 model weights per client)")
+        "would need 763 MiB of float64 model weights per client)"
+    )
 
 
 def test_index_with_thousands_of_digits(tmp_path: Path) -> None:
     """More digits than Python's int() converts: still 'too large', the number shortened."""
     path = _file(tmp_path, "digits.svm", "+1 1:1\n-1 " + "9" * 5000 + ":1\n")
     assert _message(lambda: read_svmlight(path)) == (
-        f"{path}:2: feature index {'9' * 40}... (5000 digits) is too large (limit 16777216 = 2^24)")
+        f"{path}:2: feature index {'9' * 40}... (5000 digits) is too large (limit 16777216 = 2^24)"
+    )
 
 
 def test_limit_itself_and_declared_n_features(tmp_path: Path) -> None:
@@ -117,12 +131,15 @@ def test_limit_itself_and_declared_n_features(tmp_path: Path) -> None:
     path = _file(tmp_path, "declared.svm", f"+1 1:1\n-1 {MAX_FEATURES + 1}:1\n")
     assert read_svmlight(path, n_features=MAX_FEATURES + 5).d == MAX_FEATURES + 5  # a declared size replaces it
     assert _message(lambda: read_svmlight(path, n_features=123)) == (
-        f"{path}:2: feature index {MAX_FEATURES + 1} exceeds n_features=123")
+        f"{path}:2: feature index {MAX_FEATURES + 1} exceeds n_features=123"
+    )
     huge = _file(tmp_path, "huge_declared.svm", "+1 1:1\n-1 1000000000000:1\n")
     assert _message(lambda: read_svmlight(huge, n_features=123)) == (
-        f"{huge}:2: feature index 1000000000000 exceeds n_features=123")
+        f"{huge}:2: feature index 1000000000000 exceeds n_features=123"
+    )
     assert _message(lambda: read_svmlight(path, n_features=2**31)) == (
-        f"{path}: n_features=2147483648 outside 1..2147483647")
+        f"{path}: n_features=2147483648 outside 1..2147483647"
+    )
 
 
 def test_too_large_index_through_the_cli(tmp_path: Path, tiny: Path, cli) -> None:
@@ -177,31 +194,36 @@ def test_fetch_into_a_data_dir_that_is_a_file(tmp_path: Path, cli) -> None:
 def test_fetch_under_a_file(tmp_path: Path, cli) -> None:
     blocker = _file(tmp_path, "data", "x")
     msg = _cli_error(cli("data", "fetch", "a9a", "--data-dir", blocker / "sub"))
-    assert msg == (f"{blocker / 'sub'}: data dir cannot be created: {blocker} is a file; "
-                   "point --data-dir or $STLSGD_DATA at a folder")
+    assert msg == (
+        f"{blocker / 'sub'}: data dir cannot be created: {blocker} is a file; "
+        "point --data-dir or $STLSGD_DATA at a folder"
+    )
 
 
 def test_data_dir_from_the_environment_is_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data_dir = _file(tmp_path, "data", "x")
     monkeypatch.setenv("STLSGD_DATA", str(data_dir))
     assert _message(lambda: fetch("a9a", urlopen=None)) == (
-        f"{data_dir}: data dir is a file, not a directory; point --data-dir or $STLSGD_DATA at a folder")
+        f"{data_dir}: data dir is a file, not a directory; point --data-dir or $STLSGD_DATA at a folder"
+    )
 
 
 def test_load_from_a_data_dir_that_is_a_file(tmp_path: Path) -> None:
     """Used to say 'not found; run: stlsgd data fetch a9a --data-dir FILE', a command that itself crashed."""
     data_dir = _file(tmp_path, "data", "x")
     for name in ("a9a", "mnist49", "cifar10", "cifar10-png200"):
-        assert _message(lambda: load_dataset(name, data_dir)) == (
-            f"{data_dir}: data dir is a file, not a directory; point --data-dir or $STLSGD_DATA at a folder")
+        assert _message(lambda name=name: load_dataset(name, data_dir)) == (
+            f"{data_dir}: data dir is a file, not a directory; point --data-dir or $STLSGD_DATA at a folder"
+        )
     assert load_dataset("digits49", data_dir).n == 361  # embedded: the data dir is not used
 
 
 def test_run_with_a_data_dir_that_is_a_file(tmp_path: Path, tiny: Path, cli) -> None:
     data_dir = _file(tmp_path, "data", "x")
     before = _tree(tmp_path)
-    msg = _cli_error(cli("run", tiny, "--out", tmp_path / "out", "--quiet", "--data-dir", data_dir,
-                         "--set", "data.dataset=a9a"))
+    msg = _cli_error(
+        cli("run", tiny, "--out", tmp_path / "out", "--quiet", "--data-dir", data_dir, "--set", "data.dataset=a9a")
+    )
     assert msg == f"{data_dir}: data dir is a file, not a directory; point --data-dir or $STLSGD_DATA at a folder"
     assert _tree(tmp_path) == before
 
@@ -211,24 +233,30 @@ def test_a_file_or_folder_in_the_way_inside_the_data_dir(tmp_path: Path, cli) ->
     _file(tmp_path / "dd", "a9a", "x")  # where the a9a folder belongs
     blocker = tmp_path / "dd" / "a9a"
     assert _message(lambda: load_dataset("a9a", tmp_path / "dd")) == (
-        f"{blocker}: is a file, not a directory; remove it, then run: stlsgd data fetch a9a --data-dir {tmp_path / 'dd'}")
+        f"{blocker}: is a file, not a directory; remove it, then run: stlsgd data fetch a9a --data-dir {tmp_path / 'dd'}"
+    )
     assert _cli_error(cli("data", "fetch", "a9a", "--data-dir", tmp_path / "dd")) == (
-        f"{blocker}: is a file, not a directory; remove it, then fetch again")
+        f"{blocker}: is a file, not a directory; remove it, then fetch again"
+    )
     blocker.unlink()
     (tmp_path / "dd" / "a9a" / "a9a.gz").mkdir(parents=True)  # a folder where the file belongs
     assert _message(lambda: load_dataset("a9a", tmp_path / "dd")) == (
         f"{blocker / 'a9a.gz'}: is a directory, not a file; remove it, then run: stlsgd data fetch a9a "
-        f"--data-dir {tmp_path / 'dd'}")
+        f"--data-dir {tmp_path / 'dd'}"
+    )
     assert _message(lambda: fetch("a9a", tmp_path / "dd", urlopen=None)) == (
-        f"{blocker / 'a9a.gz'}: is a directory, not a file; remove it, then fetch again")
+        f"{blocker / 'a9a.gz'}: is a directory, not a file; remove it, then fetch again"
+    )
 
 
 def test_data_dir_with_an_unknown_user(tmp_path: Path) -> None:
     """``~nosuchuser`` used to raise RuntimeError from Path.expanduser."""
     assert _message(lambda: load_dataset("a9a", "~stlsgd-no-such-user/data")) == (
-        "~stlsgd-no-such-user/data: data dir: cannot expand '~' (no such user or no home directory)")
+        "~stlsgd-no-such-user/data: data dir: cannot expand '~' (no such user or no home directory)"
+    )
     assert _message(lambda: load_dataset("~stlsgd-no-such-user/mine.svm")) == (
-        "~stlsgd-no-such-user/mine.svm: data.dataset: cannot expand '~' (no such user or no home directory)")
+        "~stlsgd-no-such-user/mine.svm: data.dataset: cannot expand '~' (no such user or no home directory)"
+    )
 
 
 # --------------------------------------------------------------------------- 4. a directory as data.dataset
@@ -254,7 +282,8 @@ def test_directory_as_dataset_through_the_cli(tmp_path: Path, tiny: Path, cli) -
 @pytest.mark.skipif(not Path("/dev/null").exists(), reason="no /dev/null")
 def test_device_as_svmlight_path() -> None:
     assert _message(lambda: load_dataset("/dev/null")) == (
-        "/dev/null: is a special file (device, FIFO or socket), not an svmlight file")
+        "/dev/null: is a special file (device, FIFO or socket), not an svmlight file"
+    )
 
 
 def test_path_too_long(tmp_path: Path) -> None:
@@ -285,13 +314,15 @@ def test_non_utf8_bytes_are_shown_escaped(tmp_path: Path) -> None:
     assert _message(lambda: read_svmlight(path)) == f"{path}:2: malformed svmlight line: bad label '\\xff\\xfe1'"
     path = _file(tmp_path, "latin1b.svm", b"+1 1:1\n-1 2:1 3:\xe9\n")
     assert _message(lambda: read_svmlight(path)) == (
-        f"{path}:2: malformed svmlight line: token '3:\\xe9' is not index:value")
+        f"{path}:2: malformed svmlight line: token '3:\\xe9' is not index:value"
+    )
 
 
 def test_long_token_is_shortened(tmp_path: Path) -> None:
     path = _file(tmp_path, "long.svm", "+1 1:1\n-1 " + "z" * 10_000 + "\n")
     assert _message(lambda: read_svmlight(path)) == (
-        f"{path}:2: malformed svmlight line: token '{'z' * 40}...' is not index:value")
+        f"{path}:2: malformed svmlight line: token '{'z' * 40}...' is not index:value"
+    )
 
 
 def test_carriage_returns_are_not_line_breaks(tmp_path: Path) -> None:
@@ -307,16 +338,19 @@ def test_qid_only_as_first_feature(tmp_path: Path) -> None:
     assert _message(lambda: read_svmlight(bad)) == f"{bad}:2: malformed svmlight line: token 'qid:3' is not index:value"
 
 
-@pytest.mark.parametrize("line, problem", [
-    ("-1 2:1e400", "non-finite value in '2:1e400'"),
-    ("1e400 2:1", "non-finite label '1e400'"),
-    ("-1 2:-inf", "non-finite value in '2:-inf'"),
-    ("nan 2:1", "non-finite label 'nan'"),
-    ("-1 -3:1", "feature index -3 < 1 (LIBSVM indices start at 1)"),
-    ("-1 0:1", "feature index 0 < 1 (LIBSVM indices start at 1)"),
-    ("-1 3:1 2:1", "feature indices not increasing (3 then 2)"),
-    ("-1 2:1\x002:1", "token '2:1\\x002:1' is not index:value"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ("-1 2:1e400", "non-finite value in '2:1e400'"),
+        ("1e400 2:1", "non-finite label '1e400'"),
+        ("-1 2:-inf", "non-finite value in '2:-inf'"),
+        ("nan 2:1", "non-finite label 'nan'"),
+        ("-1 -3:1", "feature index -3 < 1 (LIBSVM indices start at 1)"),
+        ("-1 0:1", "feature index 0 < 1 (LIBSVM indices start at 1)"),
+        ("-1 3:1 2:1", "feature indices not increasing (3 then 2)"),
+        ("-1 2:1\x002:1", "token '2:1\\x002:1' is not index:value"),
+    ],
+)
 def test_bad_numbers_name_the_line(tmp_path: Path, line: str, problem: str) -> None:
     path = _file(tmp_path, "bad.svm", f"+1 1:1\n{line}\n")
     assert _message(lambda: read_svmlight(path)) == f"{path}:2: malformed svmlight line: {problem}"
@@ -338,21 +372,24 @@ def test_idx_dims_whose_product_wraps_int64(tmp_path: Path) -> None:
     """65536^4 = 2^64 wrapped to 0 in int64, matched the empty payload and crashed in reshape."""
     path = _file(tmp_path, "wrap.idx", _idx(0x08, (65536,) * 4, b""))
     assert _message(lambda: read_idx(path)) == (
-        f"{path}: idx payload is 0 bytes, expected 18446744073709551616 for shape (65536, 65536, 65536, 65536) of uint8")
+        f"{path}: idx payload is 0 bytes, expected 18446744073709551616 for shape (65536, 65536, 65536, 65536) of uint8"
+    )
 
 
 def test_mnist_labels_must_be_integers(tmp_path: Path) -> None:
     images = _file(tmp_path, "img", _idx(0x08, (2, 2, 2), bytes(8)))
     labels = _file(tmp_path, "lbl", _idx(0x0E, (2,), np.array([np.nan, 4.0], ">f8").tobytes()))
     assert _message(lambda: mnist10(images, labels)) == (
-        f"{labels}: expected a 1-d file of integer labels, got float64 (2,)")
+        f"{labels}: expected a 1-d file of integer labels, got float64 (2,)"
+    )
 
 
 def test_mnist_binary_needs_both_digits(tmp_path: Path) -> None:
     images = _file(tmp_path, "img", _idx(0x08, (3, 2, 2), bytes(12)))
     labels = _file(tmp_path, "lbl", _idx(0x08, (3,), bytes([4, 4, 1])))
     assert _message(lambda: mnist_binary(images, labels)) == (
-        f"{labels}: expected images of both digits 4 and 9, found 2 and 0")
+        f"{labels}: expected images of both digits 4 and 9, found 2 and 0"
+    )
 
 
 def test_idx_path_is_a_directory(tmp_path: Path) -> None:
@@ -366,7 +403,8 @@ def test_cifar_batch_is_a_directory_or_under_a_file(tmp_path: Path) -> None:
     folder = tmp_path / "cifar-10-batches-py"
     (folder / "test_batch").mkdir(parents=True)
     assert _message(lambda: cifar10_pickle(folder, ("test_batch",))) == (
-        f"{folder / 'test_batch'}: cannot read (Is a directory)")
+        f"{folder / 'test_batch'}: cannot read (Is a directory)"
+    )
     not_a_dir = _file(tmp_path, "file", "x")
     assert _message(lambda: cifar10_pickle(not_a_dir)) == f"{not_a_dir / 'data_batch_1'}: not found"
 
@@ -384,9 +422,11 @@ def test_cifar_batch_unpickler_failures_are_one_line(tmp_path: Path) -> None:
     folder = tmp_path / "cifar-10-batches-py"
     folder.mkdir()
     good = pickle.dumps({b"data": np.zeros((1, 3072), np.uint8), b"labels": [3]}, protocol=2)
-    for i, blob in enumerate((b"", good[: len(good) // 2], b"\x80\x02}q\x00(X\xff\xff\xff\x7f", good[:30] + b"\x00" * 40)):
+    for i, blob in enumerate(
+        (b"", good[: len(good) // 2], b"\x80\x02}q\x00(X\xff\xff\xff\x7f", good[:30] + b"\x00" * 40)
+    ):
         (folder / f"b{i}").write_bytes(blob)
-        msg = _message(lambda: cifar10_pickle(folder, (f"b{i}",)))
+        msg = _message(lambda i=i: cifar10_pickle(folder, (f"b{i}",)))
         assert msg.startswith(f"{folder / f'b{i}'}: not a CIFAR-10 pickle batch ("), msg
 
 
@@ -397,7 +437,8 @@ def test_png_that_is_not_an_image(tmp_path: Path) -> None:
     _file(tmp_path, "1.png", b"this is not a PNG")
     csv = _file(tmp_path, "labels.csv", "1.png,frog\n")
     assert _message(lambda: cifar10_png(tmp_path, csv)) == (
-        f"{tmp_path / '1.png'}: not an image file (listed at {csv}:1)")
+        f"{tmp_path / '1.png'}: not an image file (listed at {csv}:1)"
+    )
 
 
 def test_truncated_png(tmp_path: Path, shared_data: Path) -> None:
@@ -412,7 +453,8 @@ def test_png_that_is_a_directory(tmp_path: Path) -> None:
     (tmp_path / "1.png").mkdir()
     csv = _file(tmp_path, "labels.csv", "1.png,frog\n")
     assert _message(lambda: cifar10_png(tmp_path, csv)) == (
-        f"{tmp_path / '1.png'}: is a directory, not an image (listed at {csv}:1)")
+        f"{tmp_path / '1.png'}: is a directory, not an image (listed at {csv}:1)"
+    )
 
 
 def test_png_listed_but_missing_and_extra_pngs_ignored(tmp_path: Path, shared_data: Path) -> None:
@@ -428,7 +470,8 @@ def test_csv_field_over_the_csv_limit(tmp_path: Path, shared_data: Path) -> None
     """csv.Error used to escape as a traceback."""
     csv = _file(tmp_path, "labels.csv", "1.png,frog\n" + "x" * 200_000 + ",cat\n")
     assert _message(lambda: cifar10_png(shared_data / PNG_DIR, csv)) == (
-        f"{csv}:2: malformed CSV (field larger than field limit (131072))")
+        f"{csv}:2: malformed CSV (field larger than field limit (131072))"
+    )
 
 
 def test_csv_unicode_digit_label(tmp_path: Path) -> None:
@@ -447,7 +490,8 @@ def test_csv_nul_or_empty_file_name(tmp_path: Path) -> None:
 def test_csv_not_utf8_or_a_directory(tmp_path: Path) -> None:
     csv = _file(tmp_path, "labels.csv", b"1.png,fr\xf6g\n")
     assert _message(lambda: cifar10_png(tmp_path, csv)) == (
-        f"{csv}: not a UTF-8 text file (invalid start byte at byte 8)")
+        f"{csv}: not a UTF-8 text file (invalid start byte at byte 8)"
+    )
     assert _message(lambda: cifar10_png(tmp_path, tmp_path)) == f"{tmp_path}: cannot read (Is a directory)"
 
 
@@ -457,4 +501,5 @@ def test_png200_with_missing_files_through_the_registry(tmp_path: Path, shared_d
     (root / "trainLabels.csv").write_bytes((shared_data / "cifar10/train_first200_kaggle/trainLabels.csv").read_bytes())
     (root / "train" / "1.png").write_bytes((shared_data / PNG_DIR / "1.png").read_bytes())
     assert _message(lambda: load_dataset("cifar10-png200", tmp_path / "dd")) == (
-        f"{root / 'train' / '2.png'}: not found (listed at {root / 'trainLabels.csv'}:2)")
+        f"{root / 'train' / '2.png'}: not found (listed at {root / 'trainLabels.csv'}:2)"
+    )

@@ -110,8 +110,9 @@ def test_cifar10_png(png200) -> None:
 def test_cifar10_png_numeric_labels_and_header(tmp_path: Path, shared_data: Path, png200) -> None:
     names = (shared_data / "cifar10/train_first200_kaggle/trainLabels.csv").read_text().splitlines()[:5]
     csv = tmp_path / "labels.csv"
-    csv.write_text("id,label\n" + "".join(f"{n.split(',')[0].removesuffix('.png')},{y}\n"
-                                         for n, y in zip(names, png200.y[:5])))
+    csv.write_text(
+        "id,label\n" + "".join(f"{n.split(',')[0].removesuffix('.png')},{y}\n" for n, y in zip(names, png200.y[:5]))
+    )
     ds = cifar10_png(shared_data / "cifar10/train_first200_kaggle/train", csv)
     assert ds.y.tolist() == png200.y[:5].tolist()
     np.testing.assert_array_equal(ds.X, png200.X[:5])

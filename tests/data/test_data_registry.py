@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stlsgd.data import DATASETS, fetch, load_dataset, resolve_data_dir
-from stlsgd.data import registry
+from stlsgd.data import DATASETS, fetch, load_dataset, registry, resolve_data_dir
 from stlsgd.errors import DataError
 
 A9A_CONTENT_SHA = "f5d5ffd8d865ff41328e7ee043e4b020816914ff6843ff15b98905ddbedce906"

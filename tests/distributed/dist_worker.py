@@ -20,7 +20,9 @@ def run(out_root: str, configs: list[str]) -> int:
     dist.init_process_group("gloo")
     try:
         for config in configs:
-            code = main(["run", config, "--backend", "dist", "--quiet", "--out", str(Path(out_root) / Path(config).stem)])
+            code = main(
+                ["run", config, "--backend", "dist", "--quiet", "--out", str(Path(out_root) / Path(config).stem)]
+            )
             if code:
                 return code
     finally:

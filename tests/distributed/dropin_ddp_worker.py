@@ -51,9 +51,15 @@ def main(out: Path) -> None:
         scaler.step(opt)
         scaler.update()
     in_sync = averager.models_in_sync()  # 20 counted steps: the run ends right after the 4th average
-    result = {"ddp_grad_allreduces": grad_allreduces[0], "counted_steps": averager.iteration,
-              "skipped": 21 - averager.iteration, "averages": averager.stats.averages, "in_sync": in_sync,
-              "weights": inner[0].weight.detach().flatten().tolist(), "bn_mean": inner[1].running_mean.tolist()}
+    result = {
+        "ddp_grad_allreduces": grad_allreduces[0],
+        "counted_steps": averager.iteration,
+        "skipped": 21 - averager.iteration,
+        "averages": averager.stats.averages,
+        "in_sync": in_sync,
+        "weights": inner[0].weight.detach().flatten().tolist(),
+        "bn_mean": inner[1].running_mean.tolist(),
+    }
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 

@@ -1,9 +1,9 @@
 """Started by torchrun from the distributed tests, to look inside a run or to kill it at a chosen instant.
 
-    torchrun --nproc_per_node=P tests/distributed/lifecycle_worker.py trace OUT CONFIG [KEY=VALUE ...]
-        every rank saves OUT/trace_rank<r>.npz: its clients' averaged model after every round;
-    torchrun --nproc_per_node=P tests/distributed/lifecycle_worker.py kill-before-summary OUT CONFIG [KEY=VALUE ...]
-        rank 0 SIGKILLs itself after the final checkpoint, before final_params.npz and summary.json.
+torchrun --nproc_per_node=P tests/distributed/lifecycle_worker.py trace OUT CONFIG [KEY=VALUE ...]
+    every rank saves OUT/trace_rank<r>.npz: its clients' averaged model after every round;
+torchrun --nproc_per_node=P tests/distributed/lifecycle_worker.py kill-before-summary OUT CONFIG [KEY=VALUE ...]
+    rank 0 SIGKILLs itself after the final checkpoint, before final_params.npz and summary.json.
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ def main(mode: str, out: str, config: str, overrides: list[str]) -> int:
             if st.control is not None:  # drift correction: this rank's control variates too
                 rows.append(st.control["w"].copy())
 
-        run_experiment(exp, Path(out) / "run", backend="dist", progress=False, on_round=record,
-                       checkpoint_every=4)
+        run_experiment(exp, Path(out) / "run", backend="dist", progress=False, on_round=record, checkpoint_every=4)
         np.savez(Path(out) / f"trace_rank{rank}.npz", *rows)
         return 0
     assert mode == "kill-before-summary"

@@ -114,8 +114,18 @@ def _lines(path: Path) -> list[dict]:
 def _assert_same_run(dist_out: Path, sim_out: Path) -> None:
     """Same stop, same evaluations, same parameters, bit for bit: the average has one summation order."""
     d, s = json.loads((dist_out / "summary.json").read_text()), json.loads((sim_out / "summary.json").read_text())
-    for key in ("status", "rounds", "iterations", "stages", "rounds_to_target", "iterations_to_target", "bytes",
-                "client_steps", "bytes_per_client", "fstar"):
+    for key in (
+        "status",
+        "rounds",
+        "iterations",
+        "stages",
+        "rounds_to_target",
+        "iterations_to_target",
+        "bytes",
+        "client_steps",
+        "bytes_per_client",
+        "fstar",
+    ):
         assert d[key] == s[key], (dist_out.name, key, d[key], s[key])
     assert d["backend"]["executor"] == "dist" and s["backend"] == {"executor": "sim"}
     dm, sm = _lines(dist_out / "metrics.jsonl"), _lines(sim_out / "metrics.jsonl")
@@ -130,8 +140,9 @@ def _assert_same_run(dist_out: Path, sim_out: Path) -> None:
 
 
 def _run(cmd: list, timeout: float, **kw) -> subprocess.CompletedProcess:
-    result = subprocess.run([str(c) for c in cmd], cwd=REPO, env=launch_env(), capture_output=True, text=True,
-                            timeout=timeout, **kw)
+    result = subprocess.run(
+        [str(c) for c in cmd], cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=timeout, **kw
+    )
     assert result.returncode == 0, f"{cmd}\nstdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
     return result
 
@@ -139,8 +150,18 @@ def _run(cmd: list, timeout: float, **kw) -> subprocess.CompletedProcess:
 def test_four_torchrun_ranks_match_the_simulator(tmp_path: Path) -> None:
     names = ["nc_uneven", "sc_target", "local_noniid"]
     configs = [_write_config(tmp_path, n) for n in names]
-    _run([TORCHRUN, "--nproc_per_node=4", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-          REPO / "tests" / "distributed" / "dist_worker.py", tmp_path / "dist", *configs], timeout=240)
+    _run(
+        [
+            TORCHRUN,
+            "--nproc_per_node=4",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            REPO / "tests" / "distributed" / "dist_worker.py",
+            tmp_path / "dist",
+            *configs,
+        ],
+        timeout=240,
+    )
     for name, config in zip(names, configs):
         _simulate(config, tmp_path / "sim" / name)
         _assert_same_run(tmp_path / "dist" / name, tmp_path / "sim" / name)
@@ -154,11 +175,32 @@ def test_killed_rank_stops_the_others_and_the_run_resumes_on_two_nodes(tmp_path:
     # Ranks started directly (no torchrun agent to clean up after them): the survivors must notice by themselves.
     ranks = [
         subprocess.Popen(
-            [PYTHON, "-m", "stlsgd", "run", str(config), "--backend", "dist", "--quiet", "--out", str(out),
-             "--checkpoint-every", "50"],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=launch_env(RANK=str(r), WORLD_SIZE="3", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(port), STLSGD_DIST_TIMEOUT="20"),
+            [
+                PYTHON,
+                "-m",
+                "stlsgd",
+                "run",
+                str(config),
+                "--backend",
+                "dist",
+                "--quiet",
+                "--out",
+                str(out),
+                "--checkpoint-every",
+                "50",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=launch_env(
+                RANK=str(r),
+                WORLD_SIZE="3",
+                LOCAL_RANK=str(r),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                STLSGD_DIST_TIMEOUT="20",
+            ),
         )
         for r in range(3)
     ]
@@ -187,10 +229,30 @@ def test_killed_rank_stops_the_others_and_the_run_resumes_on_two_nodes(tmp_path:
     port = free_port()
     nodes = [
         subprocess.Popen(
-            [TORCHRUN, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={n}", "--rdzv-backend=c10d",
-             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=resume", "-m", "stlsgd", "run", str(config),
-             "--backend", "dist", "--quiet", "--out", str(out), "--resume"],
-            cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                TORCHRUN,
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={n}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=resume",
+                "-m",
+                "stlsgd",
+                "run",
+                str(config),
+                "--backend",
+                "dist",
+                "--quiet",
+                "--out",
+                str(out),
+                "--resume",
+            ],
+            cwd=REPO,
+            env=launch_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for n in range(2)
     ]
@@ -209,15 +271,29 @@ def test_killed_rank_stops_the_others_and_the_run_resumes_on_two_nodes(tmp_path:
 
 
 def test_dropin_example_trains_under_torchrun(tmp_path: Path, shared_data: Path) -> None:
-    result = _run([TORCHRUN, "--nproc_per_node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-                   REPO / "examples" / "train_cnn.py", "--data-dir", shared_data, "--steps", "60", "--decay-every", "20",
-                   "--train-size", "4000"], timeout=240)
+    result = _run(
+        [
+            TORCHRUN,
+            "--nproc_per_node=2",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            REPO / "examples" / "train_cnn.py",
+            "--data-dir",
+            shared_data,
+            "--steps",
+            "60",
+            "--decay-every",
+            "20",
+            "--train-size",
+            "4000",
+        ],
+        timeout=240,
+    )
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("MNIST: 2 processes, 60 steps"), result.stdout
     assert last.endswith("models identical on all processes: True"), last
     accuracy = float(last.split("held-out accuracy ")[1].split(",")[0])
     assert accuracy > 0.5, last  # 10 classes: chance is 0.1
-
 
 
 def _children(pid: int) -> list[int]:
@@ -229,10 +305,30 @@ def test_under_torchrun_the_survivors_of_a_killed_rank_exit_with_status_2_and_on
     config = _write_config(tmp_path, "long")
     out = tmp_path / "dist"
     agent = subprocess.Popen(
-        [TORCHRUN, "--nproc_per_node=3", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-         "--monitor-interval=0.1", "-m", "stlsgd", "run", str(config), "--backend", "dist", "--quiet", "--out",
-         str(out), "--checkpoint-every", "50"],
-        cwd=REPO, env=launch_env(STLSGD_DIST_TIMEOUT="20"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            TORCHRUN,
+            "--nproc_per_node=3",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            "--monitor-interval=0.1",
+            "-m",
+            "stlsgd",
+            "run",
+            str(config),
+            "--backend",
+            "dist",
+            "--quiet",
+            "--out",
+            str(out),
+            "--checkpoint-every",
+            "50",
+        ],
+        cwd=REPO,
+        env=launch_env(STLSGD_DIST_TIMEOUT="20"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (out / "checkpoint").is_file():

@@ -22,19 +22,28 @@ A9A_SET = ["algorithm.lr=32", "algorithm.k=100", "run.target_gap=none", "run.max
 
 
 def _torchrun(ranks: int, *args: object, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [TORCHRUN, f"--nproc_per_node={ranks}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-           *map(str, args)]
+    cmd = [
+        TORCHRUN,
+        f"--nproc_per_node={ranks}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        *map(str, args),
+    ]
     result = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
     if check:
         assert result.returncode == 0, f"{cmd}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     return result
 
 
-def test_simulator_and_1_2_4_ranks_average_to_the_same_bits_after_every_round(tmp_path: Path, shared_data: Path) -> None:
+def test_simulator_and_1_2_4_ranks_average_to_the_same_bits_after_every_round(
+    tmp_path: Path, shared_data: Path
+) -> None:
     sets = [*A9A_SET, f"data.data_dir={shared_data}"]
     exp = load_config(A9A, sets)
     sim_rounds: list[np.ndarray] = []
-    run_experiment(exp, tmp_path / "sim", progress=False, on_round=lambda st, rnd: sim_rounds.append(st.clients["w"].copy()))
+    run_experiment(
+        exp, tmp_path / "sim", progress=False, on_round=lambda st, rnd: sim_rounds.append(st.clients["w"].copy())
+    )
     assert len(sim_rounds) == 43  # 11 + 11 + 11 rounds of stages 1-3, 10 of stage 4 to pass 15,000
     for ranks in (1, 2, 4):
         out = tmp_path / f"dist{ranks}"
@@ -46,7 +55,7 @@ def test_simulator_and_1_2_4_ranks_average_to_the_same_bits_after_every_round(tm
             assert len(rows) == len(sim_rounds)
             share = 32 // ranks
             for r, (got, want) in enumerate(zip(rows, sim_rounds)):
-                assert np.array_equal(got, want[rank * share:(rank + 1) * share]), (ranks, rank, r)
+                assert np.array_equal(got, want[rank * share : (rank + 1) * share]), (ranks, rank, r)
         with np.load(out / "run" / "final_params.npz") as d, np.load(tmp_path / "sim" / "final_params.npz") as s:
             assert d.files == s.files and all(np.array_equal(d[k], s[k]) for k in d.files)
     # The order matters at this lr: per-rank partial sums, then their sum, give other numbers after round 1.
@@ -57,9 +66,11 @@ def test_simulator_and_1_2_4_ranks_average_to_the_same_bits_after_every_round(tm
 def test_drift_correction_and_the_outer_step_under_torchrun_are_the_simulators_bits(tmp_path: Path) -> None:
     # 5 clients on 2 ranks (3 + 2): the control variates are per client, gathered for the checkpoints.
     config = tmp_path / "c.toml"
-    config.write_text('name = "d"\n[data]\ndataset = "digits49"\nnum_clients = 5\npartition = "noniid"\n'
-                      '[algorithm]\nmethod = "local_sgd"\nlr = 0.5\nlr_decay = 0.02\nk = 4\ndrift = true\n'
-                      'outer_lr = 0.7\n[run]\ntarget_gap = "none"\nmax_rounds = 15\n')
+    config.write_text(
+        'name = "d"\n[data]\ndataset = "digits49"\nnum_clients = 5\npartition = "noniid"\n'
+        '[algorithm]\nmethod = "local_sgd"\nlr = 0.5\nlr_decay = 0.02\nk = 4\ndrift = true\n'
+        'outer_lr = 0.7\n[run]\ntarget_gap = "none"\nmax_rounds = 15\n'
+    )
     sim: list[np.ndarray] = []
 
     def record(st, rnd) -> None:
@@ -87,14 +98,19 @@ def test_drift_correction_and_the_outer_step_under_torchrun_are_the_simulators_b
 @pytest.mark.parametrize("method", ["adacomm", "qsr"])
 def test_the_new_schedules_under_torchrun_are_the_simulators_bits(tmp_path: Path, method: str) -> None:
     # AdaComm reads the loss rank 0 evaluates (broadcast with the verdict); QSR's period follows its own lr.
-    extra = 'k = 8\n' if method == "adacomm" else 'alpha = 2.0\nh_base = 2\n'
+    extra = "k = 8\n" if method == "adacomm" else "alpha = 2.0\nh_base = 2\n"
     config = tmp_path / "c.toml"
-    config.write_text(f'name = "s"\n[data]\ndataset = "digits49"\nnum_clients = 4\npartition = "noniid"\n'
-                      f'[algorithm]\nmethod = "{method}"\nlr = 0.5\nlr_decay = 0.05\n{extra}'
-                      '[run]\ntarget_gap = "none"\nmax_rounds = 25\neval_every = 2\n')
+    config.write_text(
+        f'name = "s"\n[data]\ndataset = "digits49"\nnum_clients = 4\npartition = "noniid"\n'
+        f'[algorithm]\nmethod = "{method}"\nlr = 0.5\nlr_decay = 0.05\n{extra}'
+        '[run]\ntarget_gap = "none"\nmax_rounds = 25\neval_every = 2\n'
+    )
     run_experiment(load_config(config), tmp_path / "sim", progress=False)
     _torchrun(2, "-m", "stlsgd", "run", config, "--out", tmp_path / "dist", "--quiet", "--backend", "dist")
-    dist_lines, sim_lines = _strip_wall(tmp_path / "dist" / "metrics.jsonl"), _strip_wall(tmp_path / "sim" / "metrics.jsonl")
+    dist_lines, sim_lines = (
+        _strip_wall(tmp_path / "dist" / "metrics.jsonl"),
+        _strip_wall(tmp_path / "sim" / "metrics.jsonl"),
+    )
     assert dist_lines == sim_lines
     assert len({m["period"] for m in sim_lines}) > 1  # the period did adapt
     with np.load(tmp_path / "dist" / "final_params.npz") as a, np.load(tmp_path / "sim" / "final_params.npz") as b:
@@ -111,11 +127,14 @@ def _strip_wall(path: Path) -> list[dict]:
 
 @pytest.mark.parametrize("backend", ["sim", "dist"])
 def test_a_run_killed_between_its_final_checkpoint_and_its_summary_resumes_without_another_step(
-        tmp_path: Path, backend: str) -> None:
+    tmp_path: Path, backend: str
+) -> None:
     config = tmp_path / "c.toml"
     # The target is reached in round 95, mid-stage: a step after the resume would move every number.
-    config.write_text('name = "k"\n[data]\ndataset = "digits49"\nnum_clients = 4\n[algorithm]\nmethod = "stl_sc"\n'
-                      'lr = 0.8\nk = 4\n[run]\ntarget_gap = 1e-3\nmax_rounds = 400\n')
+    config.write_text(
+        'name = "k"\n[data]\ndataset = "digits49"\nnum_clients = 4\n[algorithm]\nmethod = "stl_sc"\n'
+        "lr = 0.8\nk = 4\n[run]\ntarget_gap = 1e-3\nmax_rounds = 400\n"
+    )
     whole = run_experiment(load_config(config), tmp_path / "whole", progress=False, checkpoint_every=5)
     assert (whole["status"], whole["rounds_to_target"]) == ("reached", 95)
     out = tmp_path / "killed"
@@ -124,12 +143,26 @@ def test_a_run_killed_between_its_final_checkpoint_and_its_summary_resumes_witho
         assert result.returncode != 0
     else:
         code = subprocess.run(
-            [str(Path(TORCHRUN).with_name("python")), "-c",
-             "import os, signal, sys; from stlsgd.experiments import rundir; "
-             "rundir.write_final_params = lambda *a: os.kill(os.getpid(), signal.SIGKILL); "
-             "from stlsgd.cli import main; sys.exit(main(sys.argv[1:]))",
-             "run", str(config), "--out", str(out), "--checkpoint-every", "5", "--quiet"],
-            cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=120).returncode
+            [
+                str(Path(TORCHRUN).with_name("python")),
+                "-c",
+                "import os, signal, sys; from stlsgd.experiments import rundir; "
+                "rundir.write_final_params = lambda *a: os.kill(os.getpid(), signal.SIGKILL); "
+                "from stlsgd.cli import main; sys.exit(main(sys.argv[1:]))",
+                "run",
+                str(config),
+                "--out",
+                str(out),
+                "--checkpoint-every",
+                "5",
+                "--quiet",
+            ],
+            cwd=REPO,
+            env=launch_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).returncode
         assert code == -9
     assert (out / "checkpoint").is_file() and not (out / "summary.json").exists()
     metrics_before = (out / "metrics.jsonl").read_bytes()

@@ -71,8 +71,9 @@ def test_allreduce_mean_over_uneven_ranks_equals_the_simulators_mean() -> None:
 def test_rank_zeros_verdict_reaches_every_rank() -> None:
     def rank_fn(group: dist.ProcessGroup) -> tuple:
         topo = make_topology(6, group)
-        state = RunState(clients={}, sampler_state={}, cursor=Cursor(index=7, iteration=70).to_dict(),
-                         last_eval_iteration=60)
+        state = RunState(
+            clients={}, sampler_state={}, cursor=Cursor(index=7, iteration=70).to_dict(), last_eval_iteration=60
+        )
         if topo.is_root:
             state.status, state.rounds_to_target, state.iterations_to_target = "reached", 7, 70
             state.last_eval_iteration, state.objective = 70, 0.1 + 0.2

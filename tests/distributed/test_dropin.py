@@ -29,8 +29,9 @@ def _grads(model: nn.Module, step: int, rank: int = 0) -> None:
         p.grad = torch.randn(p.shape, generator=g)
 
 
-def _train(model: nn.Module, opt: torch.optim.Optimizer, start: int, steps: int, rank: int = 0,
-           scheduler: object | None = None) -> list[float]:
+def _train(
+    model: nn.Module, opt: torch.optim.Optimizer, start: int, steps: int, rank: int = 0, scheduler: object | None = None
+) -> list[float]:
     """``steps`` optimizer steps on fixed random gradients; the lr each step used."""
     lrs = []
     for t in range(start, start + steps):
@@ -120,8 +121,12 @@ def test_momentum_at_an_average_follows_the_policy(policy: str) -> None:
             model[1].running_mean.fill_(10.0 * (r + 1))
         _train(model, opt, 0, 3, rank=r)  # one round: local steps on different gradients, then the average
         momentum = torch.cat([opt.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()])
-        return {"state": copy.deepcopy(model.state_dict()), "momentum": momentum, "bytes": avg.stats.bytes_sent,
-                "in_sync": avg.models_in_sync()}
+        return {
+            "state": copy.deepcopy(model.state_dict()),
+            "momentum": momentum,
+            "bytes": avg.stats.bytes_sent,
+            "in_sync": avg.models_in_sync(),
+        }
 
     a, b = on_thread_ranks(2, rank_fn)
     assert a["in_sync"] and b["in_sync"]
@@ -141,9 +146,20 @@ def test_ddp_accumulation_and_amp_keep_working_without_ddps_per_step_all_reduce(
     # Real processes: DDP needs a registered process group. The worker trains a DDP-wrapped model with two
     # micro-batches a step (the first under ddp.no_sync()), autocast and a GradScaler that skips one step.
     result = subprocess.run(
-        [TORCHRUN, "--nproc_per_node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-         REPO / "tests" / "distributed" / "dropin_ddp_worker.py", tmp_path],
-        cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=180)
+        [
+            TORCHRUN,
+            "--nproc_per_node=2",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            REPO / "tests" / "distributed" / "dropin_ddp_worker.py",
+            tmp_path,
+        ],
+        cwd=REPO,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     a, b = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     for res in (a, b):
@@ -187,8 +203,9 @@ def _resume_case(load_before: bool, source: str, stop: int, policy: str = "avera
         model, opt, sched = _make(group)
         avg = PlanAverager(model, opt, plan, group=group, optimizer_state=policy)
         _train(model, opt, 0, stop, r, sched)
-        saved = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                               "avg": avg.state_dict()})
+        saved = copy.deepcopy(
+            {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "avg": avg.state_dict()}
+        )
         _train(model, opt, stop, 9, r, sched)
         whole = copy.deepcopy(model.state_dict())
         avg.close()
@@ -289,8 +306,14 @@ def test_rounds_are_reported_by_callback_log_and_csv(tmp_path: Path, capsys: pyt
     model = nn.Linear(10, 10)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     seen: list[RoundStats] = []
-    avg = PlanAverager(model, opt, LocalSGD(k=4), on_round=lambda s: seen.append(copy.copy(s)), log_every=2,
-                       csv=tmp_path / "rounds.csv")
+    avg = PlanAverager(
+        model,
+        opt,
+        LocalSGD(k=4),
+        on_round=lambda s: seen.append(copy.copy(s)),
+        log_every=2,
+        csv=tmp_path / "rounds.csv",
+    )
     _train(model, opt, 0, 16)
     assert [s.round for s in seen] == [1, 2, 3, 4] and [s.steps for s in seen] == [4, 8, 12, 16]
     assert seen[-1].ddp_bytes == 16 * 110 * 4  # a per-step DDP sends the model's gradients every step
@@ -304,14 +327,17 @@ def test_rounds_are_reported_by_callback_log_and_csv(tmp_path: Path, capsys: pyt
 # --------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize(("make", "message"), [
-    (lambda: STLSGD(T1=10, k1=0.5), "k1: must be >= 1"),
-    (lambda: STLSGD(T1=10, k1=2, lr=-0.1), "lr: must be a positive finite number"),
-    (lambda: LRCoupled(k1=0), "k1: must be >= 1"),
-    (lambda: LocalSGD(k=0), "k: must be a positive finite number"),
-    (lambda: QSR(h_base=2, alpha=float("inf")), "alpha: must be a positive finite number"),
-    (lambda: PostLocalSGD(k=4, warmup=-1), "warmup: must be >= 0 steps"),
-])
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: STLSGD(T1=10, k1=0.5), "k1: must be >= 1"),
+        (lambda: STLSGD(T1=10, k1=2, lr=-0.1), "lr: must be a positive finite number"),
+        (lambda: LRCoupled(k1=0), "k1: must be >= 1"),
+        (lambda: LocalSGD(k=0), "k: must be a positive finite number"),
+        (lambda: QSR(h_base=2, alpha=float("inf")), "alpha: must be a positive finite number"),
+        (lambda: PostLocalSGD(k=4, warmup=-1), "warmup: must be >= 0 steps"),
+    ],
+)
 def test_bad_schedules_name_the_argument(make, message: str) -> None:
     with pytest.raises(ValueError) as err:
         make()
@@ -322,8 +348,10 @@ def test_bad_averager_arguments_name_the_argument() -> None:
     opt = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)
     with pytest.raises(StlsgdError, match="^model: has no floating-point parameters to average$"):
         PlanAverager(nn.Module(), opt, LocalSGD(k=2))
-    for kwargs, message in (({"optimizer_state": "sum"}, "optimizer_state: must be"),
-                            ({"log_every": 0}, "log_every: must be >= 1 round"),
-                            ({"lr_group": 3}, "lr_group: the optimizer has 1 param groups")):
+    for kwargs, message in (
+        ({"optimizer_state": "sum"}, "optimizer_state: must be"),
+        ({"log_every": 0}, "log_every: must be >= 1 round"),
+        ({"lr_group": 3}, "lr_group: the optimizer has 1 param groups"),
+    ):
         with pytest.raises(StlsgdError, match=f"^{message}"):
             PlanAverager(nn.Linear(1, 1), opt, LocalSGD(k=2), **kwargs)

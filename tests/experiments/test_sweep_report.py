@@ -97,8 +97,9 @@ def test_hopeless_runs_are_pruned_not_failed(swept: tuple[Path, Path, int]) -> N
     assert not any(r["status"] == "failed" for r in records)
 
 
-def test_rerun_skips_finished_runs(swept: tuple[Path, Path, int], capsys: pytest.CaptureFixture[str],
-                                   shared_data: Path) -> None:
+def test_rerun_skips_finished_runs(
+    swept: tuple[Path, Path, int], capsys: pytest.CaptureFixture[str], shared_data: Path
+) -> None:
     config, out, _ = swept
     before = (out / "results.jsonl").read_text()
     assert main(["sweep", str(config), "--out", str(out), "--jobs", "2", "--data-dir", str(shared_data)]) == 0
@@ -106,20 +107,25 @@ def test_rerun_skips_finished_runs(swept: tuple[Path, Path, int], capsys: pytest
     assert "[1]" not in capsys.readouterr().out  # no run line: nothing ran again
 
 
-def test_edited_sweep_file_chooses_only_among_its_own_runs(swept: tuple[Path, Path, int], tmp_path: Path,
-                                                            shared_data: Path) -> None:
+def test_edited_sweep_file_chooses_only_among_its_own_runs(
+    swept: tuple[Path, Path, int], tmp_path: Path, shared_data: Path
+) -> None:
     config, out, _ = swept
     edited_out = tmp_path / "out"
     shutil.copytree(out, edited_out)
     edited = tmp_path / "edited.toml"
     # SyncSGD now evaluates every 10 rounds: both its settings are new configs, and its old records (every
     # 5 rounds, so possibly fewer rounds to target) must neither win, nor be counted, nor prune the new ones.
-    edited.write_text(config.read_text().replace('fixed = { "run.eval_every" = 5 }', 'fixed = { "run.eval_every" = 10 }'))
+    edited.write_text(
+        config.read_text().replace('fixed = { "run.eval_every" = 5 }', 'fixed = { "run.eval_every" = 10 }')
+    )
     old = read_results(out)
-    assert main(["sweep", str(edited), "--out", str(edited_out), "--jobs", "1", "--quiet",
-                 "--data-dir", str(shared_data)]) == 0
+    assert (
+        main(["sweep", str(edited), "--out", str(edited_out), "--jobs", "1", "--quiet", "--data-dir", str(shared_data)])
+        == 0
+    )
     records = read_results(edited_out)
-    assert records[:len(old)] == old  # the earlier runs stay on disk
+    assert records[: len(old)] == old  # the earlier runs stay on disk
     new_keys = {s.key for s in load_sweep(edited).grid if s.label == "SyncSGD"}
     new_grid = [r for r in records if r["label"] == "SyncSGD" and r["phase"] == "grid" and r["key"] in new_keys]
     assert len(new_grid) == 2 and all(r["status"] == "reached" for r in new_grid)
@@ -137,8 +143,9 @@ def _bench_table2():
     return module
 
 
-def test_client_step_floor_stops_each_run_just_past_its_rows_best(swept: tuple[Path, Path, int],
-                                                                  tmp_path: Path) -> None:
+def test_client_step_floor_stops_each_run_just_past_its_rows_best(
+    swept: tuple[Path, Path, int], tmp_path: Path
+) -> None:
     config, out, _ = swept
     count = _bench_table2().local_client_steps
     records = read_results(out)
@@ -163,7 +170,7 @@ def test_report_writes_table_and_figures(swept: tuple[Path, Path, int], tmp_path
     assert main(["report", str(out), "--out", str(tmp_path), "--prefix", "t2"]) == 0
     best = json.loads((out / "best.json").read_text())
     md = (tmp_path / "t2.md").read_text()
-    for label, info in best["methods"].items():
+    for label in best["methods"]:
         assert f"| {label} |" in md
     rows = list(csv.DictReader(open(tmp_path / "t2.csv")))
     by_label = {r["label"]: r for r in rows}
@@ -191,12 +198,15 @@ def test_report_without_sweep_is_a_one_line_error(tmp_path: Path, capsys: pytest
     assert "best.json" in capsys.readouterr().err
 
 
-def test_report_prices_each_row_by_hand_and_draws_the_time_figures(swept: tuple[Path, Path, int], tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_prices_each_row_by_hand_and_draws_the_time_figures(
+    swept: tuple[Path, Path, int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _, out, _ = swept
     # alpha 1 ms a round, beta 1000 B/s (8 kbit), c 2 us a client-step.
-    assert main(["report", str(out), "--out", str(tmp_path / "rep"), "--network",
-                 "latency=1ms,bandwidth=8kbit,step=2us"]) == 0
+    assert (
+        main(["report", str(out), "--out", str(tmp_path / "rep"), "--network", "latency=1ms,bandwidth=8kbit,step=2us"])
+        == 0
+    )
     md = (tmp_path / "rep" / "table.md").read_text()
     best = json.loads((out / "best.json").read_text())
     local = best["methods"]["Local SGD"]["seeds"]
@@ -222,7 +232,8 @@ def test_report_prices_each_row_by_hand_and_draws_the_time_figures(swept: tuple[
 
 
 def test_a_sweep_of_an_older_stlsgd_is_priced_from_its_sweep_file_from_any_directory(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """docs/results' Table 2 sweeps predate client-step counts; their best.json names the sweep file relative to
     the repository, and the report replays its plans wherever it is run from."""
     from stlsgd.experiments.report import load_sweep_dir
@@ -235,5 +246,8 @@ def test_a_sweep_of_an_older_stlsgd_is_priced_from_its_sweep_file_from_any_direc
     # a9a: d = 123 float64s = 984 bytes a round. Local SGD k = 1600 at batch 1, median over seeds 135 rounds;
     # SyncSGD one step a round, 161,500 rounds.
     assert (usages["Local SGD"].rounds, usages["Local SGD"].client_steps, usages["Local SGD"].bytes_per_client) == (
-        135, 135 * 1600, 135 * 984)
+        135,
+        135 * 1600,
+        135 * 984,
+    )
     assert (usages["SyncSGD"].client_steps, usages["SyncSGD"].bytes_per_client) == (161500, 161500 * 984)

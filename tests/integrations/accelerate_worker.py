@@ -52,21 +52,41 @@ def main(out: Path) -> None:
     rounds, steps = [], []
     sync_before = model.require_backward_grad_sync
     plan = STLSGD(T1=4, k1=1.0)
-    with StlsgdLocalSGD(accelerator, model, optimizer, plan,
-                        on_round=lambda s: rounds.append({"round": s.round, "stage": s.stage, "period": s.period,
-                                                          "steps": s.steps, "state": snapshot(inner)})) as local_sgd:
+    with StlsgdLocalSGD(
+        accelerator,
+        model,
+        optimizer,
+        plan,
+        on_round=lambda s: rounds.append(
+            {"round": s.round, "stage": s.stage, "period": s.period, "steps": s.steps, "state": snapshot(inner)}
+        ),
+    ) as local_sgd:
         sync_inside = model.require_backward_grad_sync
         for _ in range(30):
             micro_batch()
             averaged = local_sgd.step()
-            steps.append({"iteration": local_sgd.averager.iteration, "averaged": averaged,
-                          "boundary": local_sgd.averager.at_boundary, "state": snapshot(inner)})
+            steps.append(
+                {
+                    "iteration": local_sgd.averager.iteration,
+                    "averaged": averaged,
+                    "boundary": local_sgd.averager.at_boundary,
+                    "state": snapshot(inner),
+                }
+            )
         mid_round_at_exit = not local_sgd.averager.at_boundary
-    phase1 = {"rounds": rounds, "steps": steps, "calls": local_sgd.num_steps,
-              "iteration": local_sgd.averager.iteration, "averages": local_sgd.averager.stats.averages,
-              "mid_round_at_exit": mid_round_at_exit, "in_sync": local_sgd.averager.models_in_sync(),
-              "final": snapshot(inner), "sync_before": sync_before, "sync_inside": sync_inside,
-              "sync_after": model.require_backward_grad_sync}
+    phase1 = {
+        "rounds": rounds,
+        "steps": steps,
+        "calls": local_sgd.num_steps,
+        "iteration": local_sgd.averager.iteration,
+        "averages": local_sgd.averager.stats.averages,
+        "mid_round_at_exit": mid_round_at_exit,
+        "in_sync": local_sgd.averager.models_in_sync(),
+        "final": snapshot(inner),
+        "sync_before": sync_before,
+        "sync_inside": sync_inside,
+        "sync_after": model.require_backward_grad_sync,
+    }
 
     # Phase 2: Local SGD (k = 3), a fresh optimizer, 12 optimizer steps: ends on a boundary, no extra average.
     optimizer2 = accelerator.prepare(torch.optim.SGD(inner.parameters(), lr=0.05))
@@ -75,12 +95,21 @@ def main(out: Path) -> None:
         for _ in range(24):
             micro_batch()
             local_sgd2.step()
-    phase2 = {"iteration": local_sgd2.averager.iteration, "averages": local_sgd2.averager.stats.averages,
-              "rounds": local_sgd2.averager.stats.round, "final": snapshot(inner),
-              "in_sync": local_sgd2.averager.models_in_sync()}
+    phase2 = {
+        "iteration": local_sgd2.averager.iteration,
+        "averages": local_sgd2.averager.stats.averages,
+        "rounds": local_sgd2.averager.stats.round,
+        "final": snapshot(inner),
+        "in_sync": local_sgd2.averager.models_in_sync(),
+    }
 
-    result = {"type": str(accelerator.distributed_type.value), "world": accelerator.num_processes,
-              "ddp_grad_allreduces": grad_allreduces[0], "phase1": phase1, "phase2": phase2}
+    result = {
+        "type": str(accelerator.distributed_type.value),
+        "world": accelerator.num_processes,
+        "ddp_grad_allreduces": grad_allreduces[0],
+        "phase1": phase1,
+        "phase2": phase2,
+    }
     (out / f"rank{rank}.json").write_text(json.dumps(result))
 
 

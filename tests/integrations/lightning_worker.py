@@ -61,33 +61,59 @@ class Steps(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self.seen or self.seen[-1]["step"] != trainer.global_step:
-            self.seen.append({"step": trainer.global_step, "boundary": self.stl.averager.at_boundary,
-                              "state": snapshot(pl_module)})
+            self.seen.append(
+                {"step": trainer.global_step, "boundary": self.stl.averager.at_boundary, "state": snapshot(pl_module)}
+            )
 
 
 def fit(out: Path, max_steps: int, ckpt_path: Path | None, checkpoints: bool) -> dict:
-    data = TensorDataset(torch.randn(512, 4, generator=torch.Generator().manual_seed(0)),
-                         torch.randint(0, 2, (512,), generator=torch.Generator().manual_seed(1)))
+    data = TensorDataset(
+        torch.randn(512, 4, generator=torch.Generator().manual_seed(0)),
+        torch.randint(0, 2, (512,), generator=torch.Generator().manual_seed(1)),
+    )
     model = Net()
     rounds: list[dict] = []
-    stl = StlsgdCallback(STLSGD(T1=4, k1=1.0), optimizer_state="average", on_round=lambda s: rounds.append(
-        {"round": s.round, "stage": s.stage, "period": s.period, "steps": s.steps, "state": snapshot(model)}))
+    stl = StlsgdCallback(
+        STLSGD(T1=4, k1=1.0),
+        optimizer_state="average",
+        on_round=lambda s: rounds.append(
+            {"round": s.round, "stage": s.stage, "period": s.period, "steps": s.steps, "state": snapshot(model)}
+        ),
+    )
     steps = Steps(stl)
     callbacks = [stl, steps]
     if checkpoints:
-        callbacks.append(ModelCheckpoint(dirpath=out / "ckpt", filename="{step}", every_n_train_steps=5,
-                                         save_top_k=-1))
-    trainer = pl.Trainer(strategy=DDPStrategy(ddp_comm_hook=counting_hook), devices=2, accelerator="cpu",
-                         max_steps=max_steps, accumulate_grad_batches=2, callbacks=callbacks, logger=False,
-                         enable_checkpointing=checkpoints, enable_progress_bar=False, enable_model_summary=False,
-                         num_sanity_val_steps=0)
+        callbacks.append(ModelCheckpoint(dirpath=out / "ckpt", filename="{step}", every_n_train_steps=5, save_top_k=-1))
+    trainer = pl.Trainer(
+        strategy=DDPStrategy(ddp_comm_hook=counting_hook),
+        devices=2,
+        accelerator="cpu",
+        max_steps=max_steps,
+        accumulate_grad_batches=2,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=checkpoints,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     before = GRAD_ALLREDUCES[0]
     trainer.fit(model, DataLoader(data, batch_size=16), ckpt_path=ckpt_path)
     averager = stl.averager
-    return {"rounds": rounds, "steps": steps.seen, "global_step": trainer.global_step,
-            "iteration": averager.iteration, "averages": averager.stats.averages, "round": averager.stats.round,
-            "stage": averager.stage, "period": averager.period, "in_sync": averager.models_in_sync(),
-            "final": snapshot(model), "grad_allreduces": GRAD_ALLREDUCES[0] - before, "rank": trainer.global_rank}
+    return {
+        "rounds": rounds,
+        "steps": steps.seen,
+        "global_step": trainer.global_step,
+        "iteration": averager.iteration,
+        "averages": averager.stats.averages,
+        "round": averager.stats.round,
+        "stage": averager.stage,
+        "period": averager.period,
+        "in_sync": averager.models_in_sync(),
+        "final": snapshot(model),
+        "grad_allreduces": GRAD_ALLREDUCES[0] - before,
+        "rank": trainer.global_rank,
+    }
 
 
 def main(out: Path) -> None:

@@ -29,8 +29,16 @@ def test_two_processes_average_parameters_and_bn_buffers_at_the_plans_rounds(tmp
     # STLSGD(T1=4, k1=1) by hand: stage 1 = 4 rounds of 1 step; stage 2 (T 8, k 2) = rounds ending at steps 6, 8,
     # 10, 12; stage 3 (T 16, k 4) would end its first round at 16. 30 micro-batches with gradient accumulation 2 =
     # 15 optimizer steps: 8 rounds, then steps 13-15 are mid-round, so leaving the context averages once more.
-    expected = [(1, 1, 1, 1), (2, 1, 1, 2), (3, 1, 1, 3), (4, 1, 1, 4), (5, 2, 2, 6), (6, 2, 2, 8), (7, 2, 2, 10),
-                (8, 2, 2, 12)]
+    expected = [
+        (1, 1, 1, 1),
+        (2, 1, 1, 2),
+        (3, 1, 1, 3),
+        (4, 1, 1, 4),
+        (5, 2, 2, 6),
+        (6, 2, 2, 8),
+        (7, 2, 2, 10),
+        (8, 2, 2, 12),
+    ]
     for res in (p, q):
         assert [(r["round"], r["stage"], r["period"], r["steps"]) for r in res["rounds"]] == expected
         assert res["calls"] == 30 and res["iteration"] == 15  # step() counts optimizer steps, not micro-batches
@@ -73,8 +81,9 @@ def test_one_process_counts_rounds_and_averaging_is_the_identity() -> None:
     assert off.averager is None and off.num_steps == 1
 
 
-@pytest.mark.parametrize("kind", [DistributedType.DEEPSPEED, DistributedType.FSDP, DistributedType.XLA,
-                                  DistributedType.MEGATRON_LM])
+@pytest.mark.parametrize(
+    "kind", [DistributedType.DEEPSPEED, DistributedType.FSDP, DistributedType.XLA, DistributedType.MEGATRON_LM]
+)
 def test_unsupported_distributed_types_are_refused_in_one_line(kind: DistributedType) -> None:
     model = nn.Linear(2, 1)
     stub = SimpleNamespace(distributed_type=kind)  # what the adapter reads of the Accelerator

@@ -43,8 +43,16 @@ class RecordingClient(StlsgdClient):
     def fit(self, parameters, config):
         before = self.forwards
         arrays, n, metrics = super().fit(parameters, config)
-        self.log.append({"config": dict(config), "received": copy.deepcopy(parameters), "returned": arrays,
-                         "forwards": self.forwards - before, "n": n, "metrics": metrics})
+        self.log.append(
+            {
+                "config": dict(config),
+                "received": copy.deepcopy(parameters),
+                "returned": arrays,
+                "forwards": self.forwards - before,
+                "n": n,
+                "metrics": metrics,
+            }
+        )
         return arrays, n, metrics
 
 
@@ -55,8 +63,14 @@ def test_rounds_follow_the_plan_and_fedavg_averages_parameters_and_bn_buffers() 
     plan = STLSGD(lr=0.1, T1=2, k1=1.0, gamma=0.5)
     torch.manual_seed(0)
     initial = get_weights(_net())
-    strategy = StlsgdFedAvg(plan, max_iterations=14, initial_parameters=ndarrays_to_parameters(initial),
-                            fraction_evaluate=0.0, min_fit_clients=2, min_available_clients=2)
+    strategy = StlsgdFedAvg(
+        plan,
+        max_iterations=14,
+        initial_parameters=ndarrays_to_parameters(initial),
+        fraction_evaluate=0.0,
+        min_fit_clients=2,
+        min_available_clients=2,
+    )
     assert strategy.planned_rounds() == 6
     clients = [RecordingClient(1), RecordingClient(2)]
     run_in_process(strategy, clients, num_rounds=8)
@@ -118,8 +132,12 @@ def test_the_proximal_term_against_a_hand_computation() -> None:
     # (FedProx's bugs would give: anchor = the live parameters -> prox 0 -> (1.35, -1.3) [flwr #1654]; the norm
     # without the square -> prox (w - x_s)/(2 gamma ||w - x_s||) -> (1.3108, -1.1039) [flwr #2210].)
     model = _linear([1.0, -2.0])
-    config = {"stlsgd_steps": 1, "stlsgd_lr": 0.1, "stlsgd_gamma": 0.25,
-              "stlsgd_anchor": pack([np.array([[0.5, 0.5]], dtype=np.float32)])}
+    config = {
+        "stlsgd_steps": 1,
+        "stlsgd_lr": 0.1,
+        "stlsgd_gamma": 0.25,
+        "stlsgd_anchor": pack([np.array([[0.5, 0.5]], dtype=np.float32)]),
+    }
     out = run_local_steps(model, BATCH, config, loss_fn=_half_squared)
     torch.testing.assert_close(model.weight.detach(), torch.tensor([[1.15, -0.3]]))
     assert out == {"steps": 1, "num_examples": 1, "loss": pytest.approx(0.5 * 3.5**2), "last_loss": out["loss"]}
@@ -130,8 +148,7 @@ def test_in_a_stages_first_round_the_anchor_is_a_copy_of_the_received_model() ->
     # (1.35, -1.3). Step 2: w1.x - y = -1.75 -> grad f = (-1.75, -3.5); prox = (w1 - w0)/0.25 = (1.4, 2.8) -- not
     # 0, as it would be if x_s were the live parameters -> w2 = w1 - 0.1 (-0.35, -0.7) = (1.385, -1.23).
     model = _linear([1.0, -2.0])
-    run_local_steps(model, BATCH, {"stlsgd_steps": 2, "stlsgd_lr": 0.1, "stlsgd_gamma": 0.25},
-                    loss_fn=_half_squared)
+    run_local_steps(model, BATCH, {"stlsgd_steps": 2, "stlsgd_lr": 0.1, "stlsgd_gamma": 0.25}, loss_fn=_half_squared)
     torch.testing.assert_close(model.weight.detach(), torch.tensor([[1.385, -1.23]]))
 
 

@@ -50,8 +50,11 @@ def test_ddp_fit_averages_parameters_and_bn_buffers_at_the_plans_rounds(ddp_fits
     # STLSGD(T1=4, k1=1) by hand: stage 1 = rounds ending at optimizer steps 1, 2, 3, 4 (period 1); stage 2
     # (T 8, k 2) = rounds ending at 6, 8, 10. max_steps=10 (accumulate_grad_batches=2: 20 batches) ends on the
     # boundary, so no extra average at the end.
-    assert _rounds(first) == _rounds(other) == [(1, 1, 1, 1), (2, 1, 1, 2), (3, 1, 1, 3), (4, 1, 1, 4),
-                                                 (5, 2, 2, 6), (6, 2, 2, 8), (7, 2, 2, 10)]
+    assert (
+        _rounds(first)
+        == _rounds(other)
+        == [(1, 1, 1, 1), (2, 1, 1, 2), (3, 1, 1, 3), (4, 1, 1, 4), (5, 2, 2, 6), (6, 2, 2, 8), (7, 2, 2, 10)]
+    )
     assert (first["global_step"], first["iteration"], first["averages"]) == (10, 10, 7)
     _check_synced(first, other)
     assert "DDP's per-step gradient all-reduce is switched off" in stderr
@@ -77,8 +80,10 @@ def test_a_fit_resumed_from_the_middle_of_a_round_finishes_that_round(ddp_fits: 
     _check_synced(third, other)
     # said once, by rank 0; the boundary resume of the second fit (momentum averaged) is exact and says nothing
     assert stderr.count("stlsgd: resuming") == 1
-    assert ("stlsgd: resuming from rank 0's checkpoint taken at step 1 of round 5: every process continues from "
-            "that rank's model and optimizer state (the middle of a round; not exact") in stderr
+    assert (
+        "stlsgd: resuming from rank 0's checkpoint taken at step 1 of round 5: every process continues from "
+        "that rank's model and optimizer state (the middle of a round; not exact"
+    ) in stderr
 
 
 # --------------------------------------------------------------------------- one process, refusals
@@ -105,8 +110,16 @@ class _Tiny(pl.LightningModule):
 
 def _fit(module: pl.LightningModule, callback: StlsgdCallback, steps: int) -> pl.Trainer:
     data = TensorDataset(torch.randn(64, 3), torch.randint(0, 2, (64,)))
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, callbacks=[callback], logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, DataLoader(data, batch_size=8))
     return trainer
 
@@ -134,9 +147,16 @@ def test_proximal_plans_run_as_in_a_plain_loop() -> None:
     torch.manual_seed(1)
     module = _Tiny()
     start = copy.deepcopy(module.state_dict())
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=6, callbacks=[StlsgdCallback(plan, plan_lr=True)],
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=6,
+        callbacks=[StlsgdCallback(plan, plan_lr=True)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, DataLoader(data, batch_size=8))
     plain = _Tiny()
     plain.load_state_dict(start)

@@ -50,11 +50,35 @@ def test_round_writer_writes_each_rounds_scalars(tmp_path: Path) -> None:
 
 def test_write_metrics_writes_one_simulator_line_at_step_round(tmp_path: Path) -> None:
     writer = open_writer(tmp_path)
-    for line in ({"round": 10, "iteration": 160, "stage": 2, "lr": 0.05, "period": 16, "batch": 1,
-                  "objective": 0.3251, "gap": 0.0042, "accuracy": 0.84, "bytes": 123456, "client_steps": 5120,
-                  "wall_s": 1.5},
-                 {"round": 20, "iteration": 480, "stage": 3, "lr": 0.025, "period": 32, "objective": 0.3213,
-                  "gap": None, "accuracy": float("nan"), "bytes": 246912, "client_steps": 15360, "note": "x"}):
+    for line in (
+        {
+            "round": 10,
+            "iteration": 160,
+            "stage": 2,
+            "lr": 0.05,
+            "period": 16,
+            "batch": 1,
+            "objective": 0.3251,
+            "gap": 0.0042,
+            "accuracy": 0.84,
+            "bytes": 123456,
+            "client_steps": 5120,
+            "wall_s": 1.5,
+        },
+        {
+            "round": 20,
+            "iteration": 480,
+            "stage": 3,
+            "lr": 0.025,
+            "period": 32,
+            "objective": 0.3213,
+            "gap": None,
+            "accuracy": float("nan"),
+            "bytes": 246912,
+            "client_steps": 15360,
+            "note": "x",
+        },
+    ):
         write_metrics(writer, line)
     writer.close()
     s = _scalars(tmp_path)
@@ -69,9 +93,11 @@ def test_write_metrics_writes_one_simulator_line_at_step_round(tmp_path: Path) -
 
 
 def test_import_stlsgd_needs_none_of_the_frameworks() -> None:
-    code = ("import sys, stlsgd, stlsgd.dropin, stlsgd.integrations, stlsgd.algorithms\n"
-            "print(sorted(m for m in ('accelerate', 'lightning', 'flwr', 'tensorboard', 'torch.utils.tensorboard')"
-            " if m in sys.modules))")
+    code = (
+        "import sys, stlsgd, stlsgd.dropin, stlsgd.integrations, stlsgd.algorithms\n"
+        "print(sorted(m for m in ('accelerate', 'lightning', 'flwr', 'tensorboard', 'torch.utils.tensorboard')"
+        " if m in sys.modules))"
+    )
     out = subprocess.run([PYTHON, "-c", code], env=launch_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -81,10 +107,14 @@ def test_stlsgd_run_writes_its_metrics_as_tensorboard_scalars(tmp_path: Path) ->
     from stlsgd.cli import main
 
     config = tmp_path / "c.toml"
-    config.write_text('[data]\ndataset = "digits49"\nnum_clients = 4\n[algorithm]\nmethod = "local_sgd"\nlr = 0.5\n'
-                      'k = 5\n[run]\nmax_rounds = 12\neval_every = 3\n')
-    assert main(["run", str(config), "--out", str(tmp_path / "run"), "--quiet", "--tensorboard",
-                 str(tmp_path / "tb")]) == 0
+    config.write_text(
+        '[data]\ndataset = "digits49"\nnum_clients = 4\n[algorithm]\nmethod = "local_sgd"\nlr = 0.5\n'
+        "k = 5\n[run]\nmax_rounds = 12\neval_every = 3\n"
+    )
+    assert (
+        main(["run", str(config), "--out", str(tmp_path / "run"), "--quiet", "--tensorboard", str(tmp_path / "tb")])
+        == 0
+    )
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     gaps = events.Scalars("stlsgd/gap")

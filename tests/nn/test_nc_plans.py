@@ -1,7 +1,6 @@
 """Round sequences of the non-convex settings (Section 5, Algorithm 3), written out by hand."""
 
-from stlsgd.algorithms import CRPSGD, STLSGD, LocalSGD
-from stlsgd.algorithms import PlanContext
+from stlsgd.algorithms import CRPSGD, STLSGD, LocalSGD, PlanContext
 from stlsgd.algorithms.stl_sgd import STLNCConfig
 
 
@@ -14,9 +13,12 @@ def test_stl_nc_option1_iid_doubles_period_and_length_halves_lr_with_prox_anchor
     plan = STLSGD(lr=0.8, T1=6, k1=3, iid=True, option=1, gamma=100.0, batch=64, name="stl_nc")
     got = [(r.stage, r.start_iteration, r.steps, r.period, r.lr, r.new_anchor, r.prox_gamma) for r in _rounds(plan, 6)]
     assert got == [
-        (1, 0, 3, 3, 0.8, True, 100.0), (1, 3, 3, 3, 0.8, False, 100.0),   # T1 = 6, k1 = 3
-        (2, 6, 6, 6, 0.4, True, 100.0), (2, 12, 6, 6, 0.4, False, 100.0),  # T2 = 12, k2 = 6, eta/2
-        (3, 18, 12, 12, 0.2, True, 100.0), (3, 30, 12, 12, 0.2, False, 100.0),
+        (1, 0, 3, 3, 0.8, True, 100.0),
+        (1, 3, 3, 3, 0.8, False, 100.0),  # T1 = 6, k1 = 3
+        (2, 6, 6, 6, 0.4, True, 100.0),
+        (2, 12, 6, 6, 0.4, False, 100.0),  # T2 = 12, k2 = 6, eta/2
+        (3, 18, 12, 12, 0.2, True, 100.0),
+        (3, 30, 12, 12, 0.2, False, 100.0),
     ]
 
 
@@ -24,9 +26,16 @@ def test_stl_nc_option2_noniid_linear_length_sqrt_period() -> None:
     plan = STLSGD(lr=0.8, T1=4, k1=3, iid=False, option=2, gamma=1.0, batch=64, name="stl_nc")
     got = [(r.stage, r.steps, r.period, round(r.lr, 12), r.new_anchor) for r in _rounds(plan, 8)]
     # s=1: T=4, k=3 -> 3+1; s=2: T=8, k=floor(3 sqrt 2)=4 -> 4+4; s=3: T=12, k=floor(3 sqrt 3)=5 -> 5+5+2, eta_1/s
-    assert got == [(1, 3, 3, 0.8, True), (1, 1, 3, 0.8, False), (2, 4, 4, 0.4, True), (2, 4, 4, 0.4, False),
-                   (3, 5, 5, round(0.8 / 3, 12), True), (3, 5, 5, round(0.8 / 3, 12), False),
-                   (3, 2, 5, round(0.8 / 3, 12), False), (4, 6, 6, 0.2, True)]
+    assert got == [
+        (1, 3, 3, 0.8, True),
+        (1, 1, 3, 0.8, False),
+        (2, 4, 4, 0.4, True),
+        (2, 4, 4, 0.4, False),
+        (3, 5, 5, round(0.8 / 3, 12), True),
+        (3, 5, 5, round(0.8 / 3, 12), False),
+        (3, 2, 5, round(0.8 / 3, 12), False),
+        (4, 6, 6, 0.2, True),
+    ]
 
 
 def test_stl_nc_first_stage_from_epochs() -> None:
@@ -51,4 +60,7 @@ def test_cr_psgd_grows_batch_by_rho_once_per_epoch_until_512() -> None:
 def test_fixed_lr_baselines() -> None:
     plan = LocalSGD(lr=0.08, k=5, batch=64)
     assert [(r.steps, r.lr, r.lrs.decay, r.start_iteration) for r in _rounds(plan, 3)] == [
-        (5, 0.08, 0.0, 0), (5, 0.08, 0.0, 5), (5, 0.08, 0.0, 10)]
+        (5, 0.08, 0.0, 0),
+        (5, 0.08, 0.0, 5),
+        (5, 0.08, 0.0, 10),
+    ]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from stlsgd.problems.nets import ResNet18, SmallCNN, VGG16, make_model, num_parameters
+from stlsgd.problems.nets import VGG16, ResNet18, SmallCNN, make_model, num_parameters
 
 
 @pytest.mark.parametrize(

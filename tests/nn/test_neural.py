@@ -98,7 +98,9 @@ def test_averaging_covers_bn_buffers_and_keeps_integer_ones(data) -> None:
     for name in ("features.1.running_mean", "features.1.running_var", "features.0.weight"):
         assert not torch.allclose(before[name][0], before[name][1])
         torch.testing.assert_close(state[name], before[name].mean(0, keepdim=True).expand_as(state[name]))
-    assert torch.equal(state["features.1.num_batches_tracked"], before["features.1.num_batches_tracked"][:1].expand(CLIENTS))
+    assert torch.equal(
+        state["features.1.num_batches_tracked"], before["features.1.num_batches_tracked"][:1].expand(CLIENTS)
+    )
 
 
 def test_any_subset_of_clients_steps_as_in_the_full_state(data) -> None:

@@ -68,8 +68,17 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
 
 def test_run_png_subset_stl_nc(tmp_path: Path, shared_data: Path) -> None:
     out = tmp_path / "out"
-    rc = main(["run", str(_write(tmp_path, "png.toml", PNG_RUN)), "--data-dir", str(shared_data), "--out", str(out),
-               "--quiet"])
+    rc = main(
+        [
+            "run",
+            str(_write(tmp_path, "png.toml", PNG_RUN)),
+            "--data-dir",
+            str(shared_data),
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -82,19 +91,29 @@ def test_run_png_subset_stl_nc(tmp_path: Path, shared_data: Path) -> None:
 
 
 def test_run_mnist_reaches_accuracy_target_and_stops(tmp_path: Path, shared_data: Path) -> None:
-    text = PNG_RUN.replace('"cifar10-png200"', '"mnist10"\nmax_samples = 64').replace("max_rounds = 3", "max_rounds = 60")
-    text = text.replace("target_accuracy = 0.99", "target_accuracy = 0.5").replace("method = \"stl_nc\"", "method = \"sync_sgd\"")
+    text = PNG_RUN.replace('"cifar10-png200"', '"mnist10"\nmax_samples = 64').replace(
+        "max_rounds = 3", "max_rounds = 60"
+    )
+    text = text.replace("target_accuracy = 0.99", "target_accuracy = 0.5").replace(
+        'method = "stl_nc"', 'method = "sync_sgd"'
+    )
     for field in ("option = 1\n", "k = 2\n", "gamma = 100\n", "T1 = 2\n"):  # STL-SGD^nc's own fields
         text = text.replace(field, "")
     out = tmp_path / "out"
-    assert main(["run", str(_write(tmp_path, "m.toml", text)), "--data-dir", str(shared_data), "--out", str(out),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            ["run", str(_write(tmp_path, "m.toml", text)), "--data-dir", str(shared_data), "--out", str(out), "--quiet"]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "reached" and summary["final"]["accuracy"] >= 0.5
     assert summary["rounds_to_target"] == summary["final"]["round"] < 60
 
 
-def test_net_config_errors_name_the_field(tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_net_config_errors_name_the_field(
+    tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = _write(tmp_path, "bad.toml", PNG_RUN.replace("[run]", "[run]\ntarget_gap = 1e-4"))
     assert main(["run", str(cfg), "--data-dir", str(shared_data), "--out", str(tmp_path / "o")]) == 2
     assert "run.target_gap" in capsys.readouterr().err
@@ -110,8 +129,22 @@ def test_net_config_errors_name_the_field(tmp_path: Path, shared_data: Path, cap
 def test_tiny_nonconvex_sweep_end_to_end(tmp_path: Path, shared_data: Path, dataset: str) -> None:
     text = MNIST_SWEEP if dataset == "mnist10" else MNIST_SWEEP.replace('"mnist10"\nmax_samples = 96', f'"{dataset}"')
     out = tmp_path / "sweep"
-    assert main(["sweep", str(_write(tmp_path, "s.toml", text)), "--out", str(out), "--data-dir", str(shared_data),
-                 "--jobs", "1", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(_write(tmp_path, "s.toml", text)),
+                "--out",
+                str(out),
+                "--data-dir",
+                str(shared_data),
+                "--jobs",
+                "1",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     records = read_results(out)
     assert len(records) == 2 and {r["status"] for r in records} <= {"budget", "reached", "pruned"}
     best = json.loads((out / "best.json").read_text())

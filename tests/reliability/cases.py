@@ -43,8 +43,14 @@ def main() -> None:
 
     def case(name: str, cmd: list, **kw) -> None:
         code, first = run(cmd, tmp, **kw)
-        rows.append((name, " ".join(str(c) for c in cmd).replace(str(tmp) + "/", "").replace(sys.executable,
-                                                                                              "python"), code, first))
+        rows.append(
+            (
+                name,
+                " ".join(str(c) for c in cmd).replace(str(tmp) + "/", "").replace(sys.executable, "python"),
+                code,
+                first,
+            )
+        )
 
     out = tmp / "run"
     case("finished run", [*STLSGD, "run", cfg, "--out", out, "--quiet", "--checkpoint-every", "10"])
@@ -75,12 +81,16 @@ def main() -> None:
     case("2 dataset cut after the kill, --resume", [*STLSGD, "run", cfg2, "--out", out2, "--resume", "--quiet"])
     # 3. errors after output was touched
     for override in ("run.seed=-1", "data.partition_seed=-3"):
-        case(f"3 --set {override} --overwrite on a finished run",
-             [*STLSGD, "run", cfg, "--out", tmp / "fresh", "--quiet"])
+        case(
+            f"3 --set {override} --overwrite on a finished run",
+            [*STLSGD, "run", cfg, "--out", tmp / "fresh", "--quiet"],
+        )
         case(f"3 --set {override}", [*STLSGD, "run", cfg, "--out", tmp / "fresh", "--overwrite", "--set", override])
     sweep = tmp / "s.toml"
-    sweep.write_text('name = "s"\nseeds = [0, -1]\n[base.data]\ndataset = "digits49"\nnum_clients = 4\n'
-                     '[[methods]]\nmethod = "sync_sgd"\ngrid = { lr = [0.5] }\n')
+    sweep.write_text(
+        'name = "s"\nseeds = [0, -1]\n[base.data]\ndataset = "digits49"\nnum_clients = 4\n'
+        '[[methods]]\nmethod = "sync_sgd"\ngrid = { lr = [0.5] }\n'
+    )
     case("3 sweep seeds = [0, -1]", [*STLSGD, "sweep", sweep, "--out", tmp / "sw", "--jobs", "1"])
     # 4. full disk
     mnt = tmp / "tmpfs"
@@ -89,22 +99,29 @@ def main() -> None:
     def mount(size: str, *options: str) -> bool:
         subprocess.run(["umount", str(mnt)], capture_output=True)
         opts = ",".join((f"size={size}", *options))
-        return subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)],
-                              capture_output=True).returncode == 0
+        return (
+            subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)], capture_output=True).returncode == 0
+        )
 
     if mount("96k"):
         try:
             cfg3 = tmp / "c3.toml"
             cfg3.write_text(BASE.format(dataset="digits49").replace("max_rounds = 50", "max_rounds = 4000"))
-            case("4 run on a full disk (96 KiB tmpfs)", [*STLSGD, "run", cfg3, "--out", mnt / "run", "--quiet",
-                                                          "--checkpoint-every", "100"])
+            case(
+                "4 run on a full disk (96 KiB tmpfs)",
+                [*STLSGD, "run", cfg3, "--out", mnt / "run", "--quiet", "--checkpoint-every", "100"],
+            )
             mount("48k")
-            sweep.write_text('name = "s"\nseeds = [0]\n[base.data]\ndataset = "digits49"\nnum_clients = 4\n'
-                             '[base.run]\nmax_rounds = 20\ntarget_gap = "none"\n'
-                             '[[methods]]\nmethod = "local_sgd"\ngrid = { lr = [0.5, 0.4, 0.3, 0.2, 0.1], '
-                             'k = [2, 3, 4, 5, 6, 7, 8] }\n')
-            case("4 sweep on a full disk (48 KiB tmpfs)", [*STLSGD, "sweep", sweep, "--out", mnt / "sw", "--jobs",
-                                                           "1", "--quiet"])
+            sweep.write_text(
+                'name = "s"\nseeds = [0]\n[base.data]\ndataset = "digits49"\nnum_clients = 4\n'
+                '[base.run]\nmax_rounds = 20\ntarget_gap = "none"\n'
+                '[[methods]]\nmethod = "local_sgd"\ngrid = { lr = [0.5, 0.4, 0.3, 0.2, 0.1], '
+                "k = [2, 3, 4, 5, 6, 7, 8] }\n"
+            )
+            case(
+                "4 sweep on a full disk (48 KiB tmpfs)",
+                [*STLSGD, "sweep", sweep, "--out", mnt / "sw", "--jobs", "1", "--quiet"],
+            )
             text = (mnt / "sw" / "results.jsonl").read_bytes() if (mnt / "sw" / "results.jsonl").exists() else b""
             complete, torn = text.count(NEWLINE), bool(text) and not text.endswith(NEWLINE)
             rows.append(("4 its results.jsonl", "", 0, f"{complete} complete lines, torn last line: {torn}"))
@@ -118,23 +135,31 @@ def main() -> None:
     proc = subprocess.Popen([*STLSGD, "run", cfg2, "--out", tmp / "busy", "--quiet", "--overwrite"], cwd=tmp)
     while not (tmp / "busy" / "metrics.jsonl").is_file():
         time.sleep(0.05)
-    case("5 second run --overwrite into a running run's directory",
-         [*STLSGD, "run", cfg2, "--out", tmp / "busy", "--quiet", "--overwrite"])
+    case(
+        "5 second run --overwrite into a running run's directory",
+        [*STLSGD, "run", cfg2, "--out", tmp / "busy", "--quiet", "--overwrite"],
+    )
     proc.kill()
     proc.wait()
-    sweep.write_text('name = "s"\nseeds = [0, 1, 1]\n[base.data]\ndataset = "digits49"\nnum_clients = 4\n'
-                     '[[methods]]\nmethod = "sync_sgd"\ngrid = { lr = [0.5] }\n')
+    sweep.write_text(
+        'name = "s"\nseeds = [0, 1, 1]\n[base.data]\ndataset = "digits49"\nnum_clients = 4\n'
+        '[[methods]]\nmethod = "sync_sgd"\ngrid = { lr = [0.5] }\n'
+    )
     case("5 sweep seeds = [0, 1, 1]", [*STLSGD, "sweep", sweep, "--out", tmp / "sw5", "--jobs", "1"])
     # 6. tracebacks that are now one line
     for index in ("1000000000000", "2000000000"):
         f = tmp / f"big{index}.svm"
         f.write_text(f"+1 1:1\n-1 {index}:1\n")
-        case(f"6 svmlight feature index {index}", [*STLSGD, "run", cfg, "--out", tmp / "o6", "--set",
-                                                  f"data.dataset={f}"])
+        case(
+            f"6 svmlight feature index {index}",
+            [*STLSGD, "run", cfg, "--out", tmp / "o6", "--set", f"data.dataset={f}"],
+        )
     for k in ("1e999", "99999999999999999999999"):
         case(f"6 --set algorithm.k={k}", [*STLSGD, "run", cfg, "--out", tmp / "o6", "--set", f"algorithm.k={k}"])
-    case("6 problem.kind=logistic on cifar10-png200", [*STLSGD, "run", cfg, "--out", tmp / "o6", "--data-dir",
-                                                       args.data_dir, "--set", "data.dataset=cifar10-png200"])
+    case(
+        "6 problem.kind=logistic on cifar10-png200",
+        [*STLSGD, "run", cfg, "--out", tmp / "o6", "--data-dir", args.data_dir, "--set", "data.dataset=cifar10-png200"],
+    )
     afile = tmp / "a-file"
     afile.write_text("x")
     case("6 data fetch --data-dir <a file>", [*STLSGD, "data", "fetch", "mushrooms", "--data-dir", afile])
@@ -142,8 +167,10 @@ def main() -> None:
     ro.mkdir()
     ro.chmod(0o555)
     case("6 run --out <a chmod 555 dir> (root ignores the mode)", [*STLSGD, "run", cfg, "--out", ro, "--quiet"])
-    sweep.write_text('name = "s"\nseeds = [0]\n[base.data]\ndataset = "digits49"\nnum_clients = 4\n'
-                     '[base.run]\nmax_rounds = 20\n[[methods]]\nmethod = "sync_sgd"\ngrid = { lr = [0.5] }\n')
+    sweep.write_text(
+        'name = "s"\nseeds = [0]\n[base.data]\ndataset = "digits49"\nnum_clients = 4\n'
+        '[base.run]\nmax_rounds = 20\n[[methods]]\nmethod = "sync_sgd"\ngrid = { lr = [0.5] }\n'
+    )
     case("6 sweep --out <a file>", [*STLSGD, "sweep", sweep, "--out", afile, "--jobs", "1"])
     run([*STLSGD, "sweep", sweep, "--out", tmp / "sw6", "--jobs", "1", "--quiet"], tmp)
     case("6 report --out <a file>", [*STLSGD, "report", tmp / "sw6", "--out", afile])
@@ -158,15 +185,15 @@ def main() -> None:
     case("9 duplicate YAML key", [*STLSGD, "run", dup, "--out", tmp / "o9"])
     labels = tmp / "labels.svm"
     labels.write_text("+1\n-1\n+1\n")
-    case("9 svmlight with labels only", [*STLSGD, "run", cfg, "--out", tmp / "o9", "--set",
-                                         f"data.dataset={labels}"])
+    case("9 svmlight with labels only", [*STLSGD, "run", cfg, "--out", tmp / "o9", "--set", f"data.dataset={labels}"])
     case("9 --set run.max_rounds=true", [*STLSGD, "run", cfg, "--out", tmp / "o9", "--set", "run.max_rounds=true"])
     case('9 --set name="../../x"', [*STLSGD, "run", cfg, "--set", 'name="../../x"'])
     # 10. confusing messages
-    case("10 a directory as the dataset", [*STLSGD, "run", cfg, "--out", tmp / "o10", "--set",
-                                           f"data.dataset={tmp}"])
-    case("10 --data-dir <a file>", [*STLSGD, "run", cfg, "--out", tmp / "o10", "--data-dir", afile, "--set",
-                                    "data.dataset=a9a"])
+    case("10 a directory as the dataset", [*STLSGD, "run", cfg, "--out", tmp / "o10", "--set", f"data.dataset={tmp}"])
+    case(
+        "10 --data-dir <a file>",
+        [*STLSGD, "run", cfg, "--out", tmp / "o10", "--data-dir", afile, "--set", "data.dataset=a9a"],
+    )
     bom = tmp / "bom.toml"
     bom.write_bytes(b"\xef\xbb\xbf" + cfg.read_bytes())
     case("10 UTF-8 BOM in TOML", [*STLSGD, "run", bom, "--out", tmp / "o10b", "--quiet"])

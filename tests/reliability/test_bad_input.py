@@ -92,7 +92,10 @@ def case_one_label(tmp: Path, shared: Path) -> tuple[list[str], list[str]]:
 
 def case_index_beyond_dimension(tmp: Path, shared: Path) -> tuple[list[str], list[str]]:
     dd = _a9a_dir(tmp, gzip.compress(b"+1 1:1 5:1\n-1 3:1 200:1\n"))  # a9a declares 123 features
-    return ["--set", "data.dataset=a9a", "--data-dir", str(dd)], ["a9a.gz:2:", "feature index 200 exceeds n_features=123"]
+    return ["--set", "data.dataset=a9a", "--data-dir", str(dd)], [
+        "a9a.gz:2:",
+        "feature index 200 exceeds n_features=123",
+    ]
 
 
 def case_truncated_gz(tmp: Path, shared: Path) -> tuple[list[str], list[str]]:
@@ -117,21 +120,27 @@ def case_corrupt_bz2(tmp: Path, shared: Path) -> tuple[list[str], list[str]]:
 def case_idx_wrong_magic(tmp: Path, shared: Path) -> tuple[list[str], list[str]]:
     labels = _idx(b"\x00\x00\x08\x01", (3,), bytes([4, 9, 4]))
     dd = _mnist_dir(tmp, b"\x12\x34" + IMAGES_OK[2:], labels)
-    return (["--set", "data.dataset=mnist49", "--data-dir", str(dd)],
-            [dd / "mnist" / "train-images-idx3-ubyte.gz", "not an idx file (bad magic 12340803)"])
+    return (
+        ["--set", "data.dataset=mnist49", "--data-dir", str(dd)],
+        [dd / "mnist" / "train-images-idx3-ubyte.gz", "not an idx file (bad magic 12340803)"],
+    )
 
 
 def case_idx_wrong_size(tmp: Path, shared: Path) -> tuple[list[str], list[str]]:
     labels = _idx(b"\x00\x00\x08\x01", (3,), bytes([4, 9]))  # 3 declared, 2 present
     dd = _mnist_dir(tmp, IMAGES_OK, labels)
-    return (["--set", "data.dataset=mnist49", "--data-dir", str(dd)],
-            [dd / "mnist" / "train-labels-idx1-ubyte.gz", "idx payload is 2 bytes, expected 3"])
+    return (
+        ["--set", "data.dataset=mnist49", "--data-dir", str(dd)],
+        [dd / "mnist" / "train-labels-idx1-ubyte.gz", "idx payload is 2 bytes, expected 3"],
+    )
 
 
 def case_missing_registered_file(tmp: Path, shared: Path) -> tuple[list[str], list[str]]:
     (tmp / "empty").mkdir()
-    return (["--set", "data.dataset=a9a", "--data-dir", str(tmp / "empty")],
-            [tmp / "empty" / "a9a" / "a9a.gz", f"not found; run: stlsgd data fetch a9a --data-dir {tmp / 'empty'}"])
+    return (
+        ["--set", "data.dataset=a9a", "--data-dir", str(tmp / "empty")],
+        [tmp / "empty" / "a9a" / "a9a.gz", f"not found; run: stlsgd data fetch a9a --data-dir {tmp / 'empty'}"],
+    )
 
 
 def case_missing_user_file(tmp: Path, shared: Path) -> tuple[list[str], list[str]]:
@@ -147,8 +156,10 @@ def case_more_clients_than_samples(tmp: Path, shared: Path) -> tuple[list[str], 
 
 
 def case_partition_leaves_client_empty(tmp: Path, shared: Path) -> tuple[list[str], list[str]]:
-    return (["--set", "data.partition=dirichlet", "--set", "data.alpha=0.01", "--set", "data.num_clients=100"],
-            ["data.partition", "leaves client", "with no rows"])
+    return (
+        ["--set", "data.partition=dirichlet", "--set", "data.alpha=0.01", "--set", "data.num_clients=100"],
+        ["data.partition", "leaves client", "with no rows"],
+    )
 
 
 def case_unknown_key_in_file(tmp: Path, shared: Path) -> tuple[list[str], list[str]]:
@@ -230,8 +241,9 @@ CASES: dict[str, Callable[[Path, Path], tuple[list[str], list[str]]]] = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(name: str, tmp_path: Path, shared_data: Path, tiny: Path,
-                                                         cli) -> None:
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(
+    name: str, tmp_path: Path, shared_data: Path, tiny: Path, cli
+) -> None:
     extra, needles = CASES[name](tmp_path, shared_data)
     config, out = tiny, tmp_path / "out"
     # Two pseudo-options let a case replace the positional config or the output directory.
@@ -250,13 +262,36 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(name: str, tmp_path: Pa
 
 def test_debug_shows_the_traceback(tmp_path: Path, tiny: Path) -> None:
     with pytest.raises(DataError, match="nope.svm: not found"):
-        main(["--debug", "run", str(tiny), "--out", str(tmp_path / "out"), "--set", f"data.dataset={tmp_path / 'nope.svm'}"])
+        main(
+            [
+                "--debug",
+                "run",
+                str(tiny),
+                "--out",
+                str(tmp_path / "out"),
+                "--set",
+                f"data.dataset={tmp_path / 'nope.svm'}",
+            ]
+        )
 
 
 def test_a_real_process_prints_one_line_and_exits_2(tmp_path: Path, tiny: Path) -> None:
     bad = _svm(tmp_path, "bad.svm", "+1 1:1\n-1 2:1\n-1 x\n")
-    proc = subprocess.run([sys.executable, "-m", "stlsgd", "run", str(tiny), "--out", str(tmp_path / "out"),
-                           "--set", f"data.dataset={bad}"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stlsgd",
+            "run",
+            str(tiny),
+            "--out",
+            str(tmp_path / "out"),
+            "--set",
+            f"data.dataset={bad}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert_one_line_error((proc.returncode, proc.stdout, proc.stderr), f"{bad}:3:")
 
 
@@ -272,12 +307,18 @@ def test_a_different_run_is_refused_unless_overwrite(tmp_path: Path, tiny: Path,
     assert cli("run", tiny, "--out", out, "--quiet")[0] == 0
     first = _snapshot(out)
     assert {"config.yaml", "metrics.jsonl", "summary.json", "final_params.npz"} <= first.keys()
-    assert_one_line_error(cli("run", tiny, "--out", out, "--quiet", "--set", "algorithm.lr=0.25"),
-                          out, "already holds a different run", "--overwrite")
+    assert_one_line_error(
+        cli("run", tiny, "--out", out, "--quiet", "--set", "algorithm.lr=0.25"),
+        out,
+        "already holds a different run",
+        "--overwrite",
+    )
     assert _snapshot(out) == first
     # --resume does not get around it either.
-    assert_one_line_error(cli("run", tiny, "--out", out, "--quiet", "--resume", "--set", "algorithm.lr=0.25"),
-                          "already holds a different run")
+    assert_one_line_error(
+        cli("run", tiny, "--out", out, "--quiet", "--resume", "--set", "algorithm.lr=0.25"),
+        "already holds a different run",
+    )
     assert _snapshot(out) == first
     assert cli("run", tiny, "--out", out, "--quiet", "--overwrite", "--set", "algorithm.lr=0.25")[0] == 0
     assert json.loads((out / "summary.json").read_text())["final"]["lr"] == 0.25

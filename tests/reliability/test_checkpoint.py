@@ -60,9 +60,18 @@ def _state(torch_values: bool) -> RunState:
     sampler = np.random.Generator(np.random.PCG64(12345))
     sampler.random(17)
     cursor = Cursor(index=9, iteration=4321, samples=8642, stage=3, stage_start=4000, memo=(1.5,)).to_dict()
-    return RunState(clients=clients, sampler_state=sampler.bit_generator.state, cursor=cursor,
-                    anchor=anchor, bytes=10**12, wall_s=1.25, last_eval_iteration=4000, status="running",
-                    objective=0.1 + 0.2, last={"round": 9, "objective": 0.1 + 0.2, "gap": None})
+    return RunState(
+        clients=clients,
+        sampler_state=sampler.bit_generator.state,
+        cursor=cursor,
+        anchor=anchor,
+        bytes=10**12,
+        wall_s=1.25,
+        last_eval_iteration=4000,
+        status="running",
+        objective=0.1 + 0.2,
+        last={"round": 9, "objective": 0.1 + 0.2, "gap": None},
+    )
 
 
 @pytest.mark.parametrize("torch_values", [False, True], ids=["numpy", "torch"])
@@ -82,8 +91,21 @@ def test_round_trip_is_exact(tmp_path: Path, torch_values: bool) -> None:
             assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
     if not torch_values:
         assert loaded.clients["w"].flags.writeable  # the simulator steps these arrays in place
-    for field in ("sampler_state", "cursor", "round", "iteration", "stage", "bytes", "wall_s", "last_eval_iteration",
-                  "status", "rounds_to_target", "iterations_to_target", "objective", "last"):
+    for field in (
+        "sampler_state",
+        "cursor",
+        "round",
+        "iteration",
+        "stage",
+        "bytes",
+        "wall_s",
+        "last_eval_iteration",
+        "status",
+        "rounds_to_target",
+        "iterations_to_target",
+        "objective",
+        "last",
+    ):
         assert getattr(loaded, field) == getattr(state, field), field
     # The restored PCG64 state continues the same stream.
     g1, g2 = (np.random.Generator(np.random.PCG64()) for _ in range(2))
@@ -129,8 +151,10 @@ def test_a_flipped_bit_in_the_tensor_data_is_refused(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(path)
-    assert str(err.value) == (f"{path}: damaged checkpoint (its checksum does not match its content); delete it to "
-                              "start the run afresh, or restore a good copy")
+    assert str(err.value) == (
+        f"{path}: damaged checkpoint (its checksum does not match its content); delete it to "
+        "start the run afresh, or restore a good copy"
+    )
 
 
 def test_a_foreign_torch_file_is_refused(tmp_path: Path) -> None:
@@ -256,8 +280,12 @@ def test_sigkill_mid_stage_then_resume_is_bit_identical(tmp_path: Path, cli) -> 
     run_experiment(load_config(config), tmp_path / "whole", progress=False)
 
     out = tmp_path / "killed"
-    proc = subprocess.Popen(_stlsgd("run", config, "--out", out, "--checkpoint-every", "5", "--quiet"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
+    proc = subprocess.Popen(
+        _stlsgd("run", config, "--out", out, "--checkpoint-every", "5", "--quiet"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=os.environ.copy(),
+    )
     checkpoint, metrics = out / CHECKPOINT_FILE, out / METRICS_FILE
     deadline = time.monotonic() + 120
     try:

@@ -16,12 +16,14 @@ from stlsgd.problems.logistic import LogisticRegression
 
 
 def _exp(**algorithm: object) -> Experiment:
-    return Experiment.model_validate({
-        "name": "diverge",
-        "data": {"dataset": "digits49", "num_clients": 8},
-        "algorithm": algorithm,
-        "run": {"target_gap": 1e-6, "max_rounds": 3000},
-    })
+    return Experiment.model_validate(
+        {
+            "name": "diverge",
+            "data": {"dataset": "digits49", "num_clients": 8},
+            "algorithm": algorithm,
+            "run": {"target_gap": 1e-6, "max_rounds": 3000},
+        }
+    )
 
 
 def _lines(out: Path) -> list[dict]:

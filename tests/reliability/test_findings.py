@@ -101,10 +101,19 @@ def test_resume_on_the_same_data_in_another_file_goes_on(tmp_path: Path) -> None
 # --------------------------------------------------------------------------- 3 and 7: validation before any write
 
 
-@pytest.mark.parametrize("override", ["run.seed=-1", "data.partition_seed=-3", "algorithm.k=1e999",
-                                      "algorithm.k=99999999999999999999999", "algorithm.lr=inf",
-                                      "run.max_rounds=true", "data.dataset=nonexistent.svm",
-                                      "problem.kind=net"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "run.seed=-1",
+        "data.partition_seed=-3",
+        "algorithm.k=1e999",
+        "algorithm.k=99999999999999999999999",
+        "algorithm.lr=inf",
+        "run.max_rounds=true",
+        "data.dataset=nonexistent.svm",
+        "problem.kind=net",
+    ],
+)
 def test_a_bad_rerun_with_overwrite_leaves_the_finished_run_as_it_was(tmp_path: Path, cli, override: str) -> None:
     config = _config(tmp_path)
     out = tmp_path / "run"
@@ -124,17 +133,23 @@ def test_a_failed_start_creates_nothing_and_the_corrected_rerun_is_not_refused(t
 
 def test_logistic_regression_on_an_image_dataset_is_one_line(tmp_path: Path, cli, shared_data: Path) -> None:
     config = _config(tmp_path, dataset="cifar10-png200")
-    assert_one_line_error(cli("run", config, "--out", tmp_path / "o", "--data-dir", shared_data),
-                          "problem.kind: logistic regression needs a two-class svmlight dataset")
+    assert_one_line_error(
+        cli("run", config, "--out", tmp_path / "o", "--data-dir", shared_data),
+        "problem.kind: logistic regression needs a two-class svmlight dataset",
+    )
     assert not (tmp_path / "o").exists()
 
 
 def test_a_sweep_with_a_negative_or_repeated_seed_is_refused_before_it_starts(tmp_path: Path, cli) -> None:
-    for seeds, why in (("[0, -1]", "seeds.1: Input should be greater than or equal to 0"),
-                       ("[0, 1, 1]", "seeds: seed 1 is listed twice")):
+    for seeds, why in (
+        ("[0, -1]", "seeds.1: Input should be greater than or equal to 0"),
+        ("[0, 1, 1]", "seeds: seed 1 is listed twice"),
+    ):
         sweep = tmp_path / "s.toml"
-        sweep.write_text(f'name = "s"\nseeds = {seeds}\n[base.data]\ndataset = "digits49"\nnum_clients = 4\n'
-                         '[[methods]]\nmethod = "sync_sgd"\ngrid = { lr = [0.5] }\n')
+        sweep.write_text(
+            f'name = "s"\nseeds = {seeds}\n[base.data]\ndataset = "digits49"\nnum_clients = 4\n'
+            '[[methods]]\nmethod = "sync_sgd"\ngrid = { lr = [0.5] }\n'
+        )
         assert_one_line_error(cli("sweep", sweep, "--out", tmp_path / "o", "--jobs", "1"), why)
         assert not (tmp_path / "o").exists()
 
@@ -159,15 +174,19 @@ def _full_disk_after(limit: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rundir.MetricsLog, "write", full)
 
 
-def test_a_full_disk_is_one_line_and_the_resumed_run_has_no_torn_line(tmp_path: Path, cli,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_full_disk_is_one_line_and_the_resumed_run_has_no_torn_line(
+    tmp_path: Path, cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = _config(tmp_path)
     run_experiment(load_config(config), tmp_path / "whole", progress=False)
     out = tmp_path / "run"
     with monkeypatch.context() as m:
         _full_disk_after(6000, m)
-        assert_one_line_error(cli("run", config, "--out", out, "--quiet", "--checkpoint-every", "5"),
-                              out / "metrics.jsonl", "No space left on device")
+        assert_one_line_error(
+            cli("run", config, "--out", out, "--quiet", "--checkpoint-every", "5"),
+            out / "metrics.jsonl",
+            "No space left on device",
+        )
     torn = (out / "metrics.jsonl").read_bytes()
     assert not torn.endswith(b"\n")
     assert cli("run", config, "--out", out, "--quiet", "--resume")[0] == 0
@@ -236,8 +255,10 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path: Path, cli) ->
     before = _files(out)
     fd = lock_directory(out)  # as a run that is going would hold it
     try:
-        assert_one_line_error(cli("run", config, "--out", out, "--quiet", "--overwrite"),
-                              f"another stlsgd process (pid {os.getpid()}) is writing a run here")
+        assert_one_line_error(
+            cli("run", config, "--out", out, "--quiet", "--overwrite"),
+            f"another stlsgd process (pid {os.getpid()}) is writing a run here",
+        )
     finally:
         os.close(fd)
     assert _files(out) == before

@@ -104,10 +104,15 @@ def test_svmlight_random_bytes(scratch: Path, data: bytes, suffix: str) -> None:
 
 
 @FUZZ
-@given(data=st.data(), compress_first=st.booleans(), suffix=st.sampled_from(["", ".gz", ".bz2"]),
-       n_features=st.sampled_from([None, 123, 60]))
-def test_svmlight_mutated_a9a(scratch: Path, a9a_head: bytes, data: st.DataObject, compress_first: bool,
-                              suffix: str, n_features: int | None) -> None:
+@given(
+    data=st.data(),
+    compress_first=st.booleans(),
+    suffix=st.sampled_from(["", ".gz", ".bz2"]),
+    n_features=st.sampled_from([None, 123, 60]),
+)
+def test_svmlight_mutated_a9a(
+    scratch: Path, a9a_head: bytes, data: st.DataObject, compress_first: bool, suffix: str, n_features: int | None
+) -> None:
     if compress_first:  # damage the compressed stream itself
         content = data.draw(mutated(_compress(a9a_head, suffix)))
     else:  # damage the text, then compress it intact
@@ -121,13 +126,34 @@ def test_unmutated_a9a_head_reads(scratch: Path, a9a_head: bytes) -> None:
     assert ds.n == 25 and ds.d == 123
 
 
-_SVM_LABELS = st.sampled_from([b"nan", b"inf", b"-inf", b"1e400", b"-1e400", b"x", b"\xff\xfe", b"1_0", b"0x1",
-                               b"\xd9\xa1", b"2", b"0"])
-_SVM_INDICES = st.sampled_from([b"0", b"-0", b"-3", b"1000000000000", b"2000000000", b"2147483647", b"2147483648",
-                                b"16777216", b"16777217", b"100000000", b"9" * 5000, b"1e5", b"qid", b"\xff", b"",
-                                b"1_2", b"\xd9\xa1", b"200"])
-_SVM_VALUES = st.sampled_from([b"0", b"-2.5", b"nan", b"inf", b"1e400", b"-1e400", b"1e-400", b"x", b"", b"\xff",
-                               b"1:2", b"0x10", b"1_0"])
+_SVM_LABELS = st.sampled_from(
+    [b"nan", b"inf", b"-inf", b"1e400", b"-1e400", b"x", b"\xff\xfe", b"1_0", b"0x1", b"\xd9\xa1", b"2", b"0"]
+)
+_SVM_INDICES = st.sampled_from(
+    [
+        b"0",
+        b"-0",
+        b"-3",
+        b"1000000000000",
+        b"2000000000",
+        b"2147483647",
+        b"2147483648",
+        b"16777216",
+        b"16777217",
+        b"100000000",
+        b"9" * 5000,
+        b"1e5",
+        b"qid",
+        b"\xff",
+        b"",
+        b"1_2",
+        b"\xd9\xa1",
+        b"200",
+    ]
+)
+_SVM_VALUES = st.sampled_from(
+    [b"0", b"-2.5", b"nan", b"inf", b"1e400", b"-1e400", b"1e-400", b"x", b"", b"\xff", b"1:2", b"0x10", b"1_0"]
+)
 _SVM_SEPARATORS = st.sampled_from([b"\t", b"  ", b"\r", b"\x00", b"\x0b", b" # ", b"\xa0", b""])
 
 
@@ -151,14 +177,20 @@ def svmlight_line(draw: st.DrawFn) -> bytes:
 
 
 @FUZZ
-@given(lines=st.lists(svmlight_line(), max_size=6), base=st.booleans(), suffix=st.sampled_from(["", ".gz", ".bz2"]),
-       n_features=st.sampled_from([None, None, 123, 2**31 - 1]), end=st.sampled_from([b"\n", b"\r\n", b""]))
+@given(
+    lines=st.lists(svmlight_line(), max_size=6),
+    base=st.booleans(),
+    suffix=st.sampled_from(["", ".gz", ".bz2"]),
+    n_features=st.sampled_from([None, None, 123, 2**31 - 1]),
+    end=st.sampled_from([b"\n", b"\r\n", b""]),
+)
 @example(lines=[b"-1 2:1 1000000000000:1"], base=True, suffix="", n_features=None, end=b"\n")  # OverflowError
 @example(lines=[b"-1 2:1 2000000000:1"], base=True, suffix=".gz", n_features=None, end=b"\n")  # MemoryError later
 @example(lines=[b"+1", b"-1", b"+1"], base=False, suffix="", n_features=None, end=b"\n")  # labels only
 @example(lines=[], base=False, suffix=".bz2", n_features=None, end=b"")  # empty
-def test_svmlight_hostile_tokens(scratch: Path, lines: list[bytes], base: bool, suffix: str, n_features: int | None,
-                                 end: bytes) -> None:
+def test_svmlight_hostile_tokens(
+    scratch: Path, lines: list[bytes], base: bool, suffix: str, n_features: int | None, end: bytes
+) -> None:
     # With the base, a valid two-class pair is always there, so success is possible and the bounds are exercised.
     content = (b"+1 1:1\n-1 2:1\n" if base else b"") + b"\n".join(lines) + end
     _check_svmlight(_write(scratch, _compress(content, suffix), suffix), n_features)
@@ -208,10 +240,15 @@ def test_unmutated_idx_bases_read(scratch: Path, small_idx: list[bytes]) -> None
 
 
 @FUZZ
-@given(images=st.binary(max_size=80), labels=st.binary(max_size=40), which=st.sampled_from(["binary", "ten"]),
-       valid_images=st.booleans())
-def test_mnist_pair_random_bytes(scratch: Path, small_idx: list[bytes], images: bytes, labels: bytes, which: str,
-                                 valid_images: bool) -> None:
+@given(
+    images=st.binary(max_size=80),
+    labels=st.binary(max_size=40),
+    which=st.sampled_from(["binary", "ten"]),
+    valid_images=st.booleans(),
+)
+def test_mnist_pair_random_bytes(
+    scratch: Path, small_idx: list[bytes], images: bytes, labels: bytes, which: str, valid_images: bool
+) -> None:
     img = _write(scratch, small_idx[1] if valid_images else images, "")
     lbl = _write(scratch, bytes([0, 0, 0x08, 1]) + (2).to_bytes(4, "big") + labels[:2] if valid_images else labels, "")
     try:
@@ -259,8 +296,30 @@ def test_unmutated_png_reads(scratch: Path, real_png: bytes) -> None:
     assert cifar10_png(folder, folder / "labels.csv").y.tolist() == [6]
 
 
-_CSV_PIECES = st.sampled_from([b"1.png", b"1", b"2.png", b"frog", b"6", b"10", b"\xc2\xb2", b"id", b"label", b",",
-                               b"\n", b"\r\n", b'"', b"\x00", b"\xff", b" ", b"/", b"..", b"../1.png", b"cat,dog"])
+_CSV_PIECES = st.sampled_from(
+    [
+        b"1.png",
+        b"1",
+        b"2.png",
+        b"frog",
+        b"6",
+        b"10",
+        b"\xc2\xb2",
+        b"id",
+        b"label",
+        b",",
+        b"\n",
+        b"\r\n",
+        b'"',
+        b"\x00",
+        b"\xff",
+        b" ",
+        b"/",
+        b"..",
+        b"../1.png",
+        b"cat,dog",
+    ]
+)
 
 
 @FUZZ
@@ -280,8 +339,9 @@ def real_batch() -> bytes:
 
 @FUZZ
 @given(data=st.data(), random=st.booleans())
-def test_cifar_batch_random_and_mutated_bytes(scratch: Path, real_batch: bytes, data: st.DataObject,
-                                              random: bool) -> None:
+def test_cifar_batch_random_and_mutated_bytes(
+    scratch: Path, real_batch: bytes, data: st.DataObject, random: bool
+) -> None:
     folder = scratch / f"batches{next(_counter)}"
     folder.mkdir()
     blob = data.draw(st.binary(max_size=200)) if random else data.draw(mutated(real_batch))
@@ -305,17 +365,36 @@ def test_unmutated_batch_reads(scratch: Path, real_batch: bytes) -> None:
 
 
 @FUZZ
-@given(name=st.one_of(st.sampled_from(list(DATASETS)), st.text(max_size=20).filter(lambda t: "/" not in t)),
-       layout=st.lists(st.tuples(st.sampled_from(["a9a", "a9a/a9a.gz", "mnist", "cifar10", "cifar10/cifar-10-batches-py",
-                                                  "cifar10/train_first200_kaggle", "mushrooms/mushrooms.gz", ""]),
-                                 st.sampled_from(["file", "dir"])), max_size=3),
-       data_dir_kind=st.sampled_from(["dir", "file", "missing", "under-file"]))
-def test_registry_names_and_layouts(scratch: Path, name: str, layout: list[tuple[str, str]],
-                                    data_dir_kind: str) -> None:
+@given(
+    name=st.one_of(st.sampled_from(list(DATASETS)), st.text(max_size=20).filter(lambda t: "/" not in t)),
+    layout=st.lists(
+        st.tuples(
+            st.sampled_from(
+                [
+                    "a9a",
+                    "a9a/a9a.gz",
+                    "mnist",
+                    "cifar10",
+                    "cifar10/cifar-10-batches-py",
+                    "cifar10/train_first200_kaggle",
+                    "mushrooms/mushrooms.gz",
+                    "",
+                ]
+            ),
+            st.sampled_from(["file", "dir"]),
+        ),
+        max_size=3,
+    ),
+    data_dir_kind=st.sampled_from(["dir", "file", "missing", "under-file"]),
+)
+def test_registry_names_and_layouts(
+    scratch: Path, name: str, layout: list[tuple[str, str]], data_dir_kind: str
+) -> None:
     base = scratch / f"reg{next(_counter)}"
     base.mkdir()
     root = {"dir": base / "dd", "file": base / "dd", "missing": base / "none", "under-file": base / "dd" / "x"}[
-        data_dir_kind]
+        data_dir_kind
+    ]
     if data_dir_kind == "dir":
         root.mkdir()
         for rel, kind in layout:
@@ -380,16 +459,37 @@ def test_config_mutated_example(scratch: Path, data: st.DataObject, suffix: str)
     _check_config(_write(scratch, data.draw(mutated(text)), suffix))
 
 
-_KEYS = st.sampled_from(["name", "data.dataset", "data.num_clients", "data.s", "data.partition", "algorithm.lr",
-                         "algorithm.k", "algorithm.gamma", "algorithm.method", "run.max_rounds", "run.seed",
-                         "data", "algorithm.lr.x", "nope.x", ""])
-_VALUES = st.one_of(st.sampled_from(["0", "-1", "1e400", "nan", "inf", "true", "[1, 2]", "{a = 1}", "none", '"x"',
-                                     "stl_nc", "1.5", "101"]), st.text(max_size=12))
+_KEYS = st.sampled_from(
+    [
+        "name",
+        "data.dataset",
+        "data.num_clients",
+        "data.s",
+        "data.partition",
+        "algorithm.lr",
+        "algorithm.k",
+        "algorithm.gamma",
+        "algorithm.method",
+        "run.max_rounds",
+        "run.seed",
+        "data",
+        "algorithm.lr.x",
+        "nope.x",
+        "",
+    ]
+)
+_VALUES = st.one_of(
+    st.sampled_from(
+        ["0", "-1", "1e400", "nan", "inf", "true", "[1, 2]", "{a = 1}", "none", '"x"', "stl_nc", "1.5", "101"]
+    ),
+    st.text(max_size=12),
+)
 
 
 @FUZZ
-@given(overrides=st.lists(st.tuples(_KEYS, _VALUES).map(lambda kv: f"{kv[0]}={kv[1]}") | st.text(max_size=15),
-                          max_size=4))
+@given(
+    overrides=st.lists(st.tuples(_KEYS, _VALUES).map(lambda kv: f"{kv[0]}={kv[1]}") | st.text(max_size=15), max_size=4)
+)
 def test_config_random_overrides(overrides: list[str]) -> None:
     _check_config(EXAMPLE, overrides)
 
@@ -411,8 +511,12 @@ def real_checkpoint(scratch: Path) -> bytes:
     from stlsgd.executors.simulator import RunState
 
     rng = np.random.Generator(np.random.PCG64(1))
-    state = RunState(clients={"w": CHECKPOINT_W.copy()}, sampler_state=rng.bit_generator.state,
-                     cursor=Cursor(index=4, iteration=40).to_dict(), last={"round": 4, "objective": 0.5})
+    state = RunState(
+        clients={"w": CHECKPOINT_W.copy()},
+        sampler_state=rng.bit_generator.state,
+        cursor=Cursor(index=4, iteration=40).to_dict(),
+        last={"round": 4, "objective": 0.5},
+    )
     path = scratch / "real-checkpoint"
     save_checkpoint(path, state, {"metrics_bytes": 10})
     return path.read_bytes()
@@ -420,8 +524,9 @@ def real_checkpoint(scratch: Path) -> bytes:
 
 @FUZZ
 @given(data=st.data(), random=st.booleans())
-def test_checkpoint_random_and_mutated_bytes(scratch: Path, real_checkpoint: bytes, data: st.DataObject,
-                                             random: bool) -> None:
+def test_checkpoint_random_and_mutated_bytes(
+    scratch: Path, real_checkpoint: bytes, data: st.DataObject, random: bool
+) -> None:
     content = data.draw(st.binary(max_size=200)) if random else data.draw(mutated(real_checkpoint))
     path = _write(scratch, content, ".ckpt")
     try:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists(),
-                                reason="needs Linux /proc children lists")
+pytestmark = pytest.mark.skipif(
+    not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists(), reason="needs Linux /proc children lists"
+)
 
 SWEEP = """
 name = "kill"
@@ -52,8 +53,11 @@ def _alive(pid: int) -> bool:
 def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
     config = tmp_path / "long.toml"
     config.write_text(SWEEP.format(max_iterations=10**9, lrs=[0.01, 0.02]))
-    sweep = subprocess.Popen([sys.executable, "-m", "stlsgd", "sweep", str(config), "--jobs", "2",
-                              "--out", str(tmp_path / "out")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "stlsgd", "sweep", str(config), "--jobs", "2", "--out", str(tmp_path / "out")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         while len(list((tmp_path / "out").glob("runs/*/metrics.jsonl"))) < 2:  # both workers are computing
@@ -73,8 +77,11 @@ def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
 def test_a_killed_worker_costs_its_runs_a_retry_not_the_sweep(tmp_path: Path) -> None:
     config = tmp_path / "quick.toml"
     config.write_text(SWEEP.format(max_iterations=300_000, lrs=[0.01, 0.02, 0.03]))
-    sweep = subprocess.Popen([sys.executable, "-m", "stlsgd", "sweep", str(config), "--jobs", "2",
-                              "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "stlsgd", "sweep", str(config), "--jobs", "2", "--out", str(tmp_path / "out")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 120
     while len(list((tmp_path / "out").glob("runs/*/metrics.jsonl"))) < 1:
         assert sweep.poll() is None and time.monotonic() < deadline
@@ -85,4 +92,3 @@ def test_a_killed_worker_costs_its_runs_a_retry_not_the_sweep(tmp_path: Path) ->
     records = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert sorted(r["settings"]["lr"] for r in records if r["phase"] == "grid") == [0.01, 0.02, 0.03]
     assert all(r["status"] == "budget" for r in records), [r["error"] for r in records]
-

@@ -6,9 +6,29 @@ Importing this package registers every method (:mod:`stlsgd.algorithms.registry`
 from stlsgd.algorithms.baselines import CRPSGD, LBSGD, LocalSGD, SyncSGD
 from stlsgd.algorithms.plan import NO_FEEDBACK, Cosine, Cursor, Feedback, InverseTime, Plan, Round, StepDecay
 from stlsgd.algorithms.registry import REGISTRY, MethodConfig, PlanContext
-from stlsgd.algorithms.stl_sgd import STLSGD, first_stage_length  # noqa: I001 - the paper's methods register first
 from stlsgd.algorithms.schedules import QSR, AdaComm, LRCoupled, PostLocalSGD
+from stlsgd.algorithms.stl_sgd import STLSGD, first_stage_length  # noqa: I001 - the paper's methods register first
 
-__all__ = ["CRPSGD", "LBSGD", "NO_FEEDBACK", "QSR", "REGISTRY", "STLSGD", "AdaComm", "Cosine", "Cursor", "Feedback",
-           "InverseTime", "LRCoupled", "LocalSGD", "MethodConfig", "Plan", "PlanContext", "PostLocalSGD", "Round",
-           "StepDecay", "SyncSGD", "first_stage_length"]
+__all__ = [
+    "CRPSGD",
+    "LBSGD",
+    "NO_FEEDBACK",
+    "QSR",
+    "REGISTRY",
+    "STLSGD",
+    "AdaComm",
+    "Cosine",
+    "Cursor",
+    "Feedback",
+    "InverseTime",
+    "LRCoupled",
+    "LocalSGD",
+    "MethodConfig",
+    "Plan",
+    "PlanContext",
+    "PostLocalSGD",
+    "Round",
+    "StepDecay",
+    "SyncSGD",
+    "first_stage_length",
+]

@@ -30,8 +30,15 @@ class LocalSGD(Plan):
 
     def next_round(self, cursor: Cursor, feedback: Feedback = NO_FEEDBACK) -> Round:
         lrs = None if self.lr is None else InverseTime(self.lr, self.lr_decay)
-        return Round(index=cursor.index, stage=1, start_iteration=cursor.iteration, steps=self.k, batch=self.batch,
-                     lrs=lrs, period=self.k)
+        return Round(
+            index=cursor.index,
+            stage=1,
+            start_iteration=cursor.iteration,
+            steps=self.k,
+            batch=self.batch,
+            lrs=lrs,
+            period=self.k,
+        )
 
 
 @dataclass
@@ -81,8 +88,15 @@ class CRPSGD(Plan):
             b = self.max_batch if capped else min(int(math.floor(self.batch * self.rho**index + 1e-9)), self.max_batch)
         else:
             b = min(int(math.floor(self._size(cursor) + 1e-9)), self.max_batch)
-        return Round(index=index, stage=1, start_iteration=cursor.iteration, steps=1, batch=max(b, 1),
-                     lrs=InverseTime(self.lr, self.lr_decay), period=1)
+        return Round(
+            index=index,
+            stage=1,
+            start_iteration=cursor.iteration,
+            steps=1,
+            batch=max(b, 1),
+            lrs=InverseTime(self.lr, self.lr_decay),
+            period=1,
+        )
 
     def _size(self, cursor: Cursor) -> float:
         return cursor.memo[0] if cursor.memo else float(self.batch)
@@ -133,8 +147,16 @@ class CRPSGDConfig(_DecayingLR):
     grow: Literal["step", "epoch"] = Field("step", description="grow the batch every step or every epoch")
 
     def plan(self, ctx: PlanContext) -> Plan:
-        return CRPSGD(lr=self.lr, rho=self.rho, batch=self.batch, max_batch=self.max_batch, lr_decay=self.lr_decay,
-                      grow=self.grow, samples_per_epoch=ctx.num_samples, num_clients=ctx.num_clients)
+        return CRPSGD(
+            lr=self.lr,
+            rho=self.rho,
+            batch=self.batch,
+            max_batch=self.max_batch,
+            lr_decay=self.lr_decay,
+            grow=self.grow,
+            samples_per_epoch=ctx.num_samples,
+            num_clients=ctx.num_clients,
+        )
 
 
 @register

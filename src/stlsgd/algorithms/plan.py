@@ -181,8 +181,11 @@ class Plan(abc.ABC):
 
     def describe(self) -> dict[str, object]:
         """The plan's parameters, for summaries and reports."""
-        return {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
-                for k, v in vars(self).items() if not k.startswith("_")}
+        return {
+            k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
+            for k, v in vars(self).items()
+            if not k.startswith("_")
+        }
 
 
 def check_positive(**values: float | None) -> None:
@@ -239,5 +242,18 @@ class StagewisePlan(Plan):
         )
 
 
-__all__ = ["NO_FEEDBACK", "Cosine", "Cursor", "Feedback", "InverseTime", "LRSchedule", "Plan", "Round", "Stage",
-           "StagewisePlan", "StepDecay", "check_positive", "floor_period"]
+__all__ = [
+    "NO_FEEDBACK",
+    "Cosine",
+    "Cursor",
+    "Feedback",
+    "InverseTime",
+    "LRSchedule",
+    "Plan",
+    "Round",
+    "Stage",
+    "StagewisePlan",
+    "StepDecay",
+    "check_positive",
+    "floor_period",
+]

@@ -68,10 +68,14 @@ class MethodConfig(StrictModel):
 class LocalMethodConfig(MethodConfig):
     """A method with local steps between averages: drift correction and the outer step apply to it."""
 
-    drift: bool = Field(False, description="SCAFFOLD control variates (option II) correct each client's steps "
-                                           "for client drift; a round then also sends the control variate")
-    outer_lr: float | None = Field(None, gt=0, description="DiLoCo: the average takes an outer Nesterov step "
-                                                           "of this lr (none: plain averaging)")
+    drift: bool = Field(
+        False,
+        description="SCAFFOLD control variates (option II) correct each client's steps "
+        "for client drift; a round then also sends the control variate",
+    )
+    outer_lr: float | None = Field(
+        None, gt=0, description="DiLoCo: the average takes an outer Nesterov step of this lr (none: plain averaging)"
+    )
     outer_momentum: float = Field(0.9, ge=0, lt=1, description="the outer step's momentum")
 
 

@@ -61,8 +61,15 @@ class _LocalPlan(Plan):
 
     def next_round(self, cursor: Cursor, feedback: Feedback = NO_FEEDBACK) -> Round:
         k = self.period_at(cursor, feedback)
-        return Round(index=cursor.index, stage=1, start_iteration=cursor.iteration, steps=k, batch=self.batch,
-                     lrs=self.lrs, period=k)
+        return Round(
+            index=cursor.index,
+            stage=1,
+            start_iteration=cursor.iteration,
+            steps=k,
+            batch=self.batch,
+            lrs=self.lrs,
+            period=k,
+        )
 
 
 @dataclass
@@ -166,8 +173,10 @@ class _ScheduledLR(LocalMethodConfig):
     """A method with its own learning-rate schedule (in the simulator; the drop-in uses the optimizer's)."""
 
     lr_schedule: Literal["inverse", "step", "cosine"] = Field(
-        "inverse", description="eta_t: inverse = eta_1/(1+lr_decay t); step = eta_1 decay_factor^floor(t/decay_every); "
-                               "cosine = eta_1 (1+cos(pi t/T))/2 over T = decay_every (default: run.max_iterations)")
+        "inverse",
+        description="eta_t: inverse = eta_1/(1+lr_decay t); step = eta_1 decay_factor^floor(t/decay_every); "
+        "cosine = eta_1 (1+cos(pi t/T))/2 over T = decay_every (default: run.max_iterations)",
+    )
     lr_decay: float = Field(0.0, ge=0, description="alpha of the inverse schedule")
     decay_every: int | None = Field(None, ge=1, le=MAX_STEPS, description="step: its period; cosine: its length T")
     decay_factor: float = Field(0.5, gt=0, le=1, description="step: the factor")

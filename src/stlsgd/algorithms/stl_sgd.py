@@ -80,8 +80,11 @@ class _Stagewise(LocalMethodConfig):
     k: float = Field(1.0, ge=1, le=MAX_STEPS, description="k_1, the first stage's period")
     T1: int | None = Field(None, ge=1, le=MAX_STEPS, description="first stage length in iterations")
     T1_epochs: float | None = Field(None, gt=0, le=MAX_STEPS, description="first stage length in epochs")
-    iid: bool | None = Field(None, description="k growth x2 (IID) or x sqrt 2 (Non-IID) a stage; default from "
-                                               "the partition, or x2 with drift correction")
+    iid: bool | None = Field(
+        None,
+        description="k growth x2 (IID) or x sqrt 2 (Non-IID) a stage; default from "
+        "the partition, or x2 with drift correction",
+    )
 
     @model_validator(mode="after")
     def _one_length(self) -> _Stagewise:
@@ -100,14 +103,18 @@ class STLSCConfig(_Stagewise):
 
     method: Literal["stl_sc"] = "stl_sc"
     lr_T1: float = Field(1.0, gt=0, description="eta_1 T_1 = lr_T1 / lambda when T1 is unset (the paper: 1)")
-    auto: bool = Field(False, description="lr, k, T1 and drift from the data's estimated constants "
-                                          "(stlsgd suggest); no grid")
+    auto: bool = Field(
+        False, description="lr, k, T1 and drift from the data's estimated constants (stlsgd suggest); no grid"
+    )
 
     @model_validator(mode="after")
     def _auto_alone(self) -> STLSCConfig:
         # A resolved config (config.yaml) holds every field at its default: only values that differ are refused.
-        given = sorted(f for f in ("lr", "k", "T1", "T1_epochs", "lr_T1", "drift")
-                       if getattr(self, f) != type(self).model_fields[f].default)
+        given = sorted(
+            f
+            for f in ("lr", "k", "T1", "T1_epochs", "lr_T1", "drift")
+            if getattr(self, f) != type(self).model_fields[f].default
+        )
         if self.auto and given:
             raise ValueError(f"auto: sets {', '.join(given)} itself; remove {'it' if len(given) == 1 else 'them'}")
         return self
@@ -127,8 +134,9 @@ class STLNCConfig(_Stagewise):
 
     method: Literal["stl_nc"] = "stl_nc"
     gamma: float = Field(gt=0, description="the proximal gamma")
-    option: Literal[1, 2] = Field(1, description="1: geometric stages (as sc); 2: eta_1/s, s T_1, s k_1 (IID) or "
-                                                 "sqrt(s) k_1")
+    option: Literal[1, 2] = Field(
+        1, description="1: geometric stages (as sc); 2: eta_1/s, s T_1, s k_1 (IID) or sqrt(s) k_1"
+    )
 
     @model_validator(mode="after")
     def _length_given(self) -> STLNCConfig:
@@ -138,5 +146,13 @@ class STLNCConfig(_Stagewise):
 
     def plan(self, ctx: PlanContext) -> Plan:
         T1 = first_stage_iterations(self.T1, self.T1_epochs, self.batch, ctx)
-        return STLSGD(lr=self.lr, T1=T1, k1=self.k, iid=self.growth_iid(ctx), option=self.option, gamma=self.gamma,
-                      batch=self.batch, name="stl_nc")
+        return STLSGD(
+            lr=self.lr,
+            T1=T1,
+            k1=self.k,
+            iid=self.growth_iid(ctx),
+            option=self.option,
+            gamma=self.gamma,
+            batch=self.batch,
+            name="stl_nc",
+        )

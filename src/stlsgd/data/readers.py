@@ -22,7 +22,16 @@ from stlsgd.data.dataset import Dataset
 from stlsgd.errors import DataError
 
 CIFAR10_CLASSES: tuple[str, ...] = (
-    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
 )
 
 # Errors a damaged compressed stream raises; each becomes one DataError line.
@@ -129,8 +138,10 @@ def _too_large(key: bytes, idx: int | None) -> str:
     limit = f"limit {MAX_FEATURES} = 2^24"
     if idx is None:  # more digits than int() converts
         return f"feature index {_show(key)[1:-1]} ({len(key)} digits) is too large ({limit})"
-    return (f"feature index {idx} is too large ({limit}: d = {idx} features would need "
-            f"{_nbytes(8 * idx)} of float64 model weights per client)")
+    return (
+        f"feature index {idx} is too large ({limit}: d = {idx} features would need "
+        f"{_nbytes(8 * idx)} of float64 model weights per client)"
+    )
 
 
 def _scan_svmlight(path: Path, n_features: int | None) -> Iterator[tuple[int, str]]:
@@ -268,9 +279,7 @@ def read_idx(path: str | Path) -> np.ndarray:
     expected = math.prod(dims) * dtype.itemsize  # Python ints: absurd dims cannot wrap around
     actual = len(data) - header
     if actual != expected:
-        raise DataError(
-            f"{path}: idx payload is {actual} bytes, expected {expected} for shape {dims} of {dtype.name}"
-        )
+        raise DataError(f"{path}: idx payload is {actual} bytes, expected {expected} for shape {dims} of {dtype.name}")
     arr = np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
     return arr.astype(dtype.newbyteorder("="))  # copy: writable and native byte order
 
@@ -440,8 +449,7 @@ def cifar10_png(folder: str | Path, labels_csv: str | Path, *, name: str = "cifa
             with img:
                 if img.mode != "RGB" or img.size != (32, 32):
                     raise DataError(
-                        f"{img_path}: expected a 32x32 RGB image, got {img.mode} {img.size[0]}x{img.size[1]}"
-                        f" {where}"
+                        f"{img_path}: expected a 32x32 RGB image, got {img.mode} {img.size[0]}x{img.size[1]} {where}"
                     )
                 images.append(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1))
         except DataError:
@@ -456,7 +464,9 @@ def cifar10_png(folder: str | Path, labels_csv: str | Path, *, name: str = "cifa
             detail = err.strerror if err.errno is not None else _first_line(err)
             raise DataError(f"{img_path}: unreadable image ({detail}) {where}") from None
         except Exception as err:  # noqa: BLE001 - the PNG decoder fails in many ways on damaged files
-            raise DataError(f"{img_path}: unreadable image ({type(err).__name__}: {_first_line(err)}) {where}") from None
+            raise DataError(
+                f"{img_path}: unreadable image ({type(err).__name__}: {_first_line(err)}) {where}"
+            ) from None
         labels.append(cls)
     if not images:
         raise DataError(f"{labels_csv}: lists no images")

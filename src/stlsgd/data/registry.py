@@ -57,21 +57,36 @@ def _mnist(fname: str, sha: str) -> RemoteFile:
 _FILES: dict[str, RemoteFile] = {
     f.relpath: f
     for f in (
-        _libsvm("a9a/a9a.gz", "a9a",
-                "f5d5ffd8d865ff41328e7ee043e4b020816914ff6843ff15b98905ddbedce906",
-                "b301f3e87350539f3ebc751d07b4691a8c66f0bf38c1d179c86bbf5e2d9623b2"),
-        _libsvm("a9a/a9a.t.gz", "a9a.t",
-                "1f448a153f0320399a7e40836eb207655b0bde0f21fc941cc472193daa9f5de9",
-                "92967561181c73a60149cc8221b936eb746573fda8cbf483115d673f42b26c3f"),
-        _libsvm("w8a/w8a.gz", "w8a",
-                "6a9fa8fd5f524303240a5db07d4b3d4a51e8b7b4b20a914105d8e3e8c81640f2",
-                "bbb05ebf2874051515c57bb657ee66dfa1cec7293005d6bc0eaf255d45d9befb"),
-        _libsvm("w8a/w8a.t.gz", "w8a.t",
-                "618929ecb01bebb841daec4cae4aa07b97832d29b08652452775598929547fde",
-                "41722ce826a00f5f530f9b21a9900f53db6cf07bd56ed4275156f97963d7dc6c"),
-        _libsvm("mushrooms/mushrooms.gz", "mushrooms",
-                "f39a4eb628dc61a7d43760815b061c9e497aa728ce1ad8bde57a09ef6043b538",
-                "c6170f9d3de835051acced088f85c13c96d23038d950b31684d793d5c7be21bd"),
+        _libsvm(
+            "a9a/a9a.gz",
+            "a9a",
+            "f5d5ffd8d865ff41328e7ee043e4b020816914ff6843ff15b98905ddbedce906",
+            "b301f3e87350539f3ebc751d07b4691a8c66f0bf38c1d179c86bbf5e2d9623b2",
+        ),
+        _libsvm(
+            "a9a/a9a.t.gz",
+            "a9a.t",
+            "1f448a153f0320399a7e40836eb207655b0bde0f21fc941cc472193daa9f5de9",
+            "92967561181c73a60149cc8221b936eb746573fda8cbf483115d673f42b26c3f",
+        ),
+        _libsvm(
+            "w8a/w8a.gz",
+            "w8a",
+            "6a9fa8fd5f524303240a5db07d4b3d4a51e8b7b4b20a914105d8e3e8c81640f2",
+            "bbb05ebf2874051515c57bb657ee66dfa1cec7293005d6bc0eaf255d45d9befb",
+        ),
+        _libsvm(
+            "w8a/w8a.t.gz",
+            "w8a.t",
+            "618929ecb01bebb841daec4cae4aa07b97832d29b08652452775598929547fde",
+            "41722ce826a00f5f530f9b21a9900f53db6cf07bd56ed4275156f97963d7dc6c",
+        ),
+        _libsvm(
+            "mushrooms/mushrooms.gz",
+            "mushrooms",
+            "f39a4eb628dc61a7d43760815b061c9e497aa728ce1ad8bde57a09ef6043b538",
+            "c6170f9d3de835051acced088f85c13c96d23038d950b31684d793d5c7be21bd",
+        ),
         _mnist("train-images-idx3-ubyte.gz", "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609"),
         _mnist("train-labels-idx1-ubyte.gz", "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c"),
         _mnist("t10k-images-idx3-ubyte.gz", "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6"),
@@ -122,31 +137,66 @@ def _mnist49_test(root: Path) -> Dataset:
 DATASETS: dict[str, DatasetSpec] = {
     s.name: s
     for s in (
-        DatasetSpec("a9a", ("a9a/a9a.gz",), _svm("a9a", "a9a/a9a.gz", 123), "UCI Adult, 32,561 x 123, binary",
-                    features=123),
-        DatasetSpec("a9a-test", ("a9a/a9a.t.gz",), _svm("a9a-test", "a9a/a9a.t.gz", 123), "a9a test split, 16,281 x 123"),
-        DatasetSpec("mnist49", (_TRAIN_IMG, _TRAIN_LBL),
-                    lambda r: readers.mnist_binary(r / _TRAIN_IMG, r / _TRAIN_LBL), "MNIST train digits 4 vs 9, 11,791 x 784",
-                    features=784),
+        DatasetSpec(
+            "a9a", ("a9a/a9a.gz",), _svm("a9a", "a9a/a9a.gz", 123), "UCI Adult, 32,561 x 123, binary", features=123
+        ),
+        DatasetSpec(
+            "a9a-test", ("a9a/a9a.t.gz",), _svm("a9a-test", "a9a/a9a.t.gz", 123), "a9a test split, 16,281 x 123"
+        ),
+        DatasetSpec(
+            "mnist49",
+            (_TRAIN_IMG, _TRAIN_LBL),
+            lambda r: readers.mnist_binary(r / _TRAIN_IMG, r / _TRAIN_LBL),
+            "MNIST train digits 4 vs 9, 11,791 x 784",
+            features=784,
+        ),
         DatasetSpec("mnist49-test", (_TEST_IMG, _TEST_LBL), _mnist49_test, "MNIST test digits 4 vs 9, 1,991 x 784"),
-        DatasetSpec("mnist10", (_TRAIN_IMG, _TRAIN_LBL),
-                    lambda r: readers.mnist10(r / _TRAIN_IMG, r / _TRAIN_LBL), "MNIST train, 60,000 x 1x28x28, 10 classes",
-                    image=(1, 28, 10)),
+        DatasetSpec(
+            "mnist10",
+            (_TRAIN_IMG, _TRAIN_LBL),
+            lambda r: readers.mnist10(r / _TRAIN_IMG, r / _TRAIN_LBL),
+            "MNIST train, 60,000 x 1x28x28, 10 classes",
+            image=(1, 28, 10),
+        ),
         DatasetSpec("mnist10-test", (_TEST_IMG, _TEST_LBL), _mnist10_test, "MNIST test, 10,000 x 1x28x28"),
-        DatasetSpec("digits49", (), lambda r: readers.digits_binary(4, 9), "scikit-learn digits 4 vs 9, 361 x 64 (embedded)",
-                    features=64),
-        DatasetSpec("w8a", ("w8a/w8a.gz",), _svm("w8a", "w8a/w8a.gz", 300), "LIBSVM w8a, 49,749 x 300, binary",
-                    features=300),
-        DatasetSpec("w8a-test", ("w8a/w8a.t.gz",), _svm("w8a-test", "w8a/w8a.t.gz", 300), "w8a test split, 14,951 x 300"),
-        DatasetSpec("mushrooms", ("mushrooms/mushrooms.gz",), _svm("mushrooms", "mushrooms/mushrooms.gz", 112),
-                    "UCI Mushroom, 8,124 x 112, binary", features=112),
-        DatasetSpec("cifar10", tuple(f"{_CIFAR_DIR}/{b}" for b in readers.CIFAR10_TRAIN_BATCHES),
-                    lambda r: readers.cifar10_pickle(r / _CIFAR_DIR), "CIFAR-10 train, 50,000 x 3x32x32",
-                    image=(3, 32, 10)),
+        DatasetSpec(
+            "digits49",
+            (),
+            lambda r: readers.digits_binary(4, 9),
+            "scikit-learn digits 4 vs 9, 361 x 64 (embedded)",
+            features=64,
+        ),
+        DatasetSpec(
+            "w8a", ("w8a/w8a.gz",), _svm("w8a", "w8a/w8a.gz", 300), "LIBSVM w8a, 49,749 x 300, binary", features=300
+        ),
+        DatasetSpec(
+            "w8a-test", ("w8a/w8a.t.gz",), _svm("w8a-test", "w8a/w8a.t.gz", 300), "w8a test split, 14,951 x 300"
+        ),
+        DatasetSpec(
+            "mushrooms",
+            ("mushrooms/mushrooms.gz",),
+            _svm("mushrooms", "mushrooms/mushrooms.gz", 112),
+            "UCI Mushroom, 8,124 x 112, binary",
+            features=112,
+        ),
+        DatasetSpec(
+            "cifar10",
+            tuple(f"{_CIFAR_DIR}/{b}" for b in readers.CIFAR10_TRAIN_BATCHES),
+            lambda r: readers.cifar10_pickle(r / _CIFAR_DIR),
+            "CIFAR-10 train, 50,000 x 3x32x32",
+            image=(3, 32, 10),
+        ),
         DatasetSpec("cifar10-test", (f"{_CIFAR_DIR}/test_batch",), _cifar_test, "CIFAR-10 test, 10,000 x 3x32x32"),
-        DatasetSpec("cifar10-png200", (f"{_PNG200}/trainLabels.csv",),
-                    lambda r: readers.cifar10_png(r / _PNG200 / "train", r / _PNG200 / "trainLabels.csv", name="cifar10-png200"),
-                    "first 200 CIFAR-10 train images as PNG (Kaggle layout)", fetchable=False, image=(3, 32, 10)),
+        DatasetSpec(
+            "cifar10-png200",
+            (f"{_PNG200}/trainLabels.csv",),
+            lambda r: readers.cifar10_png(
+                r / _PNG200 / "train", r / _PNG200 / "trainLabels.csv", name="cifar10-png200"
+            ),
+            "first 200 CIFAR-10 train images as PNG (Kaggle layout)",
+            fetchable=False,
+            image=(3, 32, 10),
+        ),
     )
 }
 
@@ -205,7 +255,9 @@ def _check_data_dir(root: Path) -> None:
         what = "a file" if kind == "file" else "a special file (device, FIFO or socket)"
         if p == root:
             raise DataError(f"{root}: data dir is {what}, not a directory; point --data-dir or ${ENV_VAR} at a folder")
-        raise DataError(f"{root}: data dir cannot be created: {p} is {what}; point --data-dir or ${ENV_VAR} at a folder")
+        raise DataError(
+            f"{root}: data dir cannot be created: {p} is {what}; point --data-dir or ${ENV_VAR} at a folder"
+        )
 
 
 def _blocker(root: Path, rel: str) -> tuple[Path, str] | None:
@@ -235,8 +287,11 @@ def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) -> D
         _check_data_dir(root)
     for rel in spec.paths:
         path = root / rel
-        remedy = (f"run: stlsgd data fetch {name} --data-dir {root}" if spec.fetchable
-                  else f"{name} has no download source, copy it from shared/data/{rel}")
+        remedy = (
+            f"run: stlsgd data fetch {name} --data-dir {root}"
+            if spec.fetchable
+            else f"{name} has no download source, copy it from shared/data/{rel}"
+        )
         if (blocker := _blocker(root, rel)) is not None:
             raise DataError(f"{blocker[0]}: {blocker[1]}; remove it, then {remedy}")
         if _kind(path) != "file":
@@ -273,7 +328,9 @@ def _download(url: str, dest_tmp: Path, urlopen: Urlopen, *, gzip_store: bool) -
     sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
     with urlopen(url, timeout=60) as resp, open(dest_tmp, "wb") as raw_out:
         # mtime=0 and no file name: the stored .gz is the same bytes on every fetch.
-        out: Any = gzip.GzipFile(filename="", mode="wb", fileobj=raw_out, compresslevel=9, mtime=0) if gzip_store else raw_out
+        out: Any = (
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw_out, compresslevel=9, mtime=0) if gzip_store else raw_out
+        )
         try:
             while chunk := resp.read(_CHUNK):
                 sha.update(chunk)
@@ -359,7 +416,9 @@ def _fetch_cifar(root: Path, urlopen: Urlopen) -> list[Path]:
     return wanted
 
 
-def fetch(name: str, data_dir: str | os.PathLike[str] | None = None, *, urlopen: Urlopen = urllib.request.urlopen) -> list[Path]:
+def fetch(
+    name: str, data_dir: str | os.PathLike[str] | None = None, *, urlopen: Urlopen = urllib.request.urlopen
+) -> list[Path]:
     """Download ``name``'s files into the data dir (checksummed, atomic); skip files already valid."""
     spec = DATASETS.get(name)
     if spec is None:

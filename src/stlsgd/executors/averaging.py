@@ -73,8 +73,14 @@ def gather_rows(value: np.ndarray | torch.Tensor, num_clients: int, group: dist.
 
 def gather_clients(state: State, num_clients: int, group: dist.ProcessGroup | None = None) -> State:
     """Every client's arrays, gathered from their ranks (to checkpoint per-client state)."""
-    return {k: (gather_rows(v, num_clients, group).numpy() if isinstance(v, np.ndarray)
-                else gather_rows(v, num_clients, group).to(v.device)) for k, v in state.items()}
+    return {
+        k: (
+            gather_rows(v, num_clients, group).numpy()
+            if isinstance(v, np.ndarray)
+            else gather_rows(v, num_clients, group).to(v.device)
+        )
+        for k, v in state.items()
+    }
 
 
 def allreduce_mean(state: State, num_clients: int, group: dist.ProcessGroup | None = None) -> None:

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from stlsgd.files import atomic_write
 from stlsgd.errors import StlsgdError, brief
 from stlsgd.executors.simulator import RunState
+from stlsgd.files import atomic_write
 
 FORMAT = "stlsgd-checkpoint"
 VERSION = 2  # 2: the plan's cursor, the objective fed back to adaptive plans, a checksum
@@ -38,10 +38,23 @@ TMP_SUFFIX = ".tmp"
 
 # What the JSON side of a RunState must hold; a damaged file must fail here, not rounds later in the run.
 _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
-    "clients": dict, "sampler_state": dict, "cursor": dict, "anchor": (dict, type(None)),
-    "control": (dict, type(None)), "control_mean": (dict, type(None)), "outer_momentum": (dict, type(None)), "bytes": int,
-    "wall_s": (int, float), "compute_s": (int, float), "comm_s": (int, float), "last_eval_iteration": int, "status": str, "rounds_to_target": (int, type(None)),
-    "iterations_to_target": (int, type(None)), "objective": (int, float, type(None)), "last": dict,
+    "clients": dict,
+    "sampler_state": dict,
+    "cursor": dict,
+    "anchor": (dict, type(None)),
+    "control": (dict, type(None)),
+    "control_mean": (dict, type(None)),
+    "outer_momentum": (dict, type(None)),
+    "bytes": int,
+    "wall_s": (int, float),
+    "compute_s": (int, float),
+    "comm_s": (int, float),
+    "last_eval_iteration": int,
+    "status": str,
+    "rounds_to_target": (int, type(None)),
+    "iterations_to_target": (int, type(None)),
+    "objective": (int, float, type(None)),
+    "last": dict,
 }
 
 
@@ -105,7 +118,7 @@ def load_checkpoint(path: Path) -> tuple[RunState, dict[str, Any]]:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no checkpoint") from None
-    except Exception as err:  # torch/pickle raise a zoo of types for a damaged file; all mean "unreadable"
+    except Exception as err:  # noqa: BLE001 -- torch/pickle raise a zoo of types for a damaged file; all mean "unreadable"
         raise CheckpointError(
             f"{path}: unreadable checkpoint ({type(err).__name__}: {brief(err)}); delete it to start the run afresh"
         ) from None
@@ -113,8 +126,10 @@ def load_checkpoint(path: Path) -> tuple[RunState, dict[str, Any]]:
         if not isinstance(payload, dict) or "sha256" not in payload:
             raise ValueError("not an stlsgd checkpoint (no checksum)")
         if payload["sha256"] != _digest(payload["json"], payload["tensors"]):
-            raise CheckpointError(f"{path}: damaged checkpoint (its checksum does not match its content); "
-                                  "delete it to start the run afresh, or restore a good copy")
+            raise CheckpointError(
+                f"{path}: damaged checkpoint (its checksum does not match its content); "
+                "delete it to start the run afresh, or restore a good copy"
+            )
         header = json.loads(payload["json"])
         if header.get("format") != FORMAT:
             raise ValueError("not an stlsgd checkpoint")

@@ -149,13 +149,22 @@ def make_topology(num_clients: int, group: dist.ProcessGroup | None = None, dela
         # The objective travels as its float64 bits, so adaptive plans see the same feedback everywhere.
         objective = state.objective
         verdict = torch.tensor(
-            [int(finished), STATUSES.index(state.status), _or_minus(state.rounds_to_target),
-             _or_minus(state.iterations_to_target), state.last_eval_iteration, int(objective is not None),
-             _float_bits(objective or 0.0)],
-            dtype=torch.int64, device=device,
+            [
+                int(finished),
+                STATUSES.index(state.status),
+                _or_minus(state.rounds_to_target),
+                _or_minus(state.iterations_to_target),
+                state.last_eval_iteration,
+                int(objective is not None),
+                _float_bits(objective or 0.0),
+            ],
+            dtype=torch.int64,
+            device=device,
         )
         dist.broadcast(verdict, group_src=0, group=group)
-        finished_i, status_i, rounds_i, iterations_i, last_eval, has_objective, bits = (int(v) for v in verdict.tolist())
+        finished_i, status_i, rounds_i, iterations_i, last_eval, has_objective, bits = (
+            int(v) for v in verdict.tolist()
+        )
         state.status = STATUSES[status_i]
         state.rounds_to_target = None if rounds_i < 0 else rounds_i
         state.iterations_to_target = None if iterations_i < 0 else iterations_i
@@ -163,8 +172,13 @@ def make_topology(num_clients: int, group: dist.ProcessGroup | None = None, dela
         state.objective = _bits_float(bits) if has_objective else None
         return bool(finished_i)
 
-    return Topology(clients=client_slice(num_clients, world, rank), is_root=rank == 0, average=average, agree=agree,
-                    gather=lambda state: gather_clients(state, num_clients, group))
+    return Topology(
+        clients=client_slice(num_clients, world, rank),
+        is_root=rank == 0,
+        average=average,
+        agree=agree,
+        gather=lambda state: gather_clients(state, num_clients, group),
+    )
 
 
 def _or_minus(value: int | None) -> int:
@@ -192,7 +206,7 @@ def collectively(fn: Callable[[], T], group: dist.ProcessGroup | None = None) ->
         result = fn()
     except StlsgdError as exc:
         error = str(exc)
-    except Exception as exc:  # a bug: report it everywhere, re-raise it with its traceback where it happened
+    except Exception as exc:  # noqa: BLE001 -- a bug: report it everywhere, re-raise it with its traceback where it happened
         error, own = f"{type(exc).__name__}: {exc}", exc
     world = dist.get_world_size(group)
     errors: list[str | None] = [None] * world
@@ -219,7 +233,8 @@ def is_comm_failure(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(
-        word in text for word in ("gloo", "connection", "peer", "timed out", "timeout", "nccl", "socket"))
+        word in text for word in ("gloo", "connection", "peer", "timed out", "timeout", "nccl", "socket")
+    )
 
 
 def exit_now(message: str, status: int = 2) -> None:

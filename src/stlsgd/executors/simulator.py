@@ -49,7 +49,8 @@ class StopRule:
 
     def spent(self, rounds: int, iterations: int) -> bool:
         return (self.max_iterations is not None and iterations >= self.max_iterations) or (
-            self.max_rounds is not None and rounds >= self.max_rounds)
+            self.max_rounds is not None and rounds >= self.max_rounds
+        )
 
     def due(self, rounds: int, iterations: int, last_eval_iteration: int) -> bool:
         """Whether the averaged model is evaluated after this many rounds and iterations."""
@@ -205,8 +206,18 @@ def run(
     the group's last round; groups end at every multiple of ``align`` rounds, so a caller that checkpoints
     every ``align`` rounds sees each of those rounds."""
     sampler.set_state(state.sampler_state)
-    loop = _Loop(plan, problem, sampler, stop, topology, fstar, on_metrics, time.perf_counter() - state.wall_s,
-                 sampler.partition.num_clients, rule)
+    loop = _Loop(
+        plan,
+        problem,
+        sampler,
+        stop,
+        topology,
+        fstar,
+        on_metrics,
+        time.perf_counter() - state.wall_s,
+        sampler.partition.num_clients,
+        rule,
+    )
     if rule.drift and state.control is None:
         zeros = {k: _zeros_like(state.clients[k]) for k in problem.param_names}
         state.control, state.control_mean = zeros, {k: _zeros_like(v[:1]) for k, v in zeros.items()}
@@ -214,8 +225,14 @@ def run(
     per_round_bytes = 2 * loop.num_clients * sent
     # The fused kernel takes plain steps only; drift correction and outer steps act at every round's end.
     fuse = topology.holds_all and isinstance(problem, FusedSyncSteps) and rule == PLAIN
-    bar = tqdm(total=stop.max_iterations, initial=state.iteration, unit="it", disable=None if progress else True,
-               leave=False, dynamic_ncols=True)
+    bar = tqdm(
+        total=stop.max_iterations,
+        initial=state.iteration,
+        unit="it",
+        disable=None if progress else True,
+        leave=False,
+        dynamic_ncols=True,
+    )
     rnd: Round | None = None
     try:
         for group, cursor in _groups(loop, state, fuse, align):
@@ -327,8 +344,11 @@ def _groups(loop: _Loop, state: RunState, fuse: bool, align: int | None) -> Iter
 def _boundary(stop: StopRule, rnd: Round, last_eval_iteration: int, align: int | None) -> bool:
     """Whether the state after ``rnd`` must be seen: it may be evaluated, end the run or be checkpointed."""
     rounds, iterations = rnd.index + 1, rnd.end_iteration
-    return (stop.due(rounds, iterations, last_eval_iteration) or stop.spent(rounds, iterations)
-            or bool(align and rounds % align == 0))
+    return (
+        stop.due(rounds, iterations, last_eval_iteration)
+        or stop.spent(rounds, iterations)
+        or bool(align and rounds % align == 0)
+    )
 
 
 def _evaluate_if_due(loop: _Loop, rnd: Round, lr: float, state: RunState) -> bool:

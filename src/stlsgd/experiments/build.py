@@ -64,13 +64,20 @@ def stop_rule(exp: Experiment, has_optimum: bool) -> StopRule:
 def round_rule(alg: MethodConfig) -> RoundRule:
     """Drift correction and the outer step of the config's method (local methods only)."""
     outer_lr = getattr(alg, "outer_lr", None)
-    return RoundRule(drift=getattr(alg, "drift", False),
-                     outer=None if outer_lr is None else OuterNesterov(lr=outer_lr, momentum=alg.outer_momentum))
+    return RoundRule(
+        drift=getattr(alg, "drift", False),
+        outer=None if outer_lr is None else OuterNesterov(lr=outer_lr, momentum=alg.outer_momentum),
+    )
 
 
 def plan_context(exp: Experiment, num_samples: int, lam: float | None) -> PlanContext:
-    return PlanContext(num_samples=num_samples, num_clients=exp.data.num_clients, lam=lam,
-                       iid=exp.data.partition in IID_MODES, max_iterations=exp.run.max_iterations)
+    return PlanContext(
+        num_samples=num_samples,
+        num_clients=exp.data.num_clients,
+        lam=lam,
+        iid=exp.data.partition in IID_MODES,
+        max_iterations=exp.run.max_iterations,
+    )
 
 
 def net_problem(exp: Experiment, dataset: Dataset) -> NeuralNetProblem:
@@ -80,14 +87,24 @@ def net_problem(exp: Experiment, dataset: Dataset) -> NeuralNetProblem:
 
     p = exp.problem
     if not (isinstance(dataset.X, np.ndarray) and dataset.X.ndim == 4):
-        raise ConfigError(f"data.dataset: {dataset.name} is not an image dataset; problem.kind = 'net' needs "
-                          "(n, C, H, W) images (mnist10, cifar10, cifar10-png200)")
+        raise ConfigError(
+            f"data.dataset: {dataset.name} is not an image dataset; problem.kind = 'net' needs "
+            "(n, C, H, W) images (mnist10, cifar10, cifar10-png200)"
+        )
     X = normalize_channels(dataset.X)[0] if p.normalise else dataset.X
     _, channels, height, _ = X.shape
     try:
         model = make_model(p.model, channels, dataset.num_classes, height)
-        return NeuralNetProblem(model, X, dataset.y, device=p.device, eval_batch=p.eval_batch, momentum=p.momentum,
-                                weight_decay=p.weight_decay, name=dataset.name)
+        return NeuralNetProblem(
+            model,
+            X,
+            dataset.y,
+            device=p.device,
+            eval_batch=p.eval_batch,
+            momentum=p.momentum,
+            weight_decay=p.weight_decay,
+            name=dataset.name,
+        )
     except ValueError as exc:
         raise ConfigError(f"problem: {exc}") from None
 
@@ -95,21 +112,27 @@ def net_problem(exp: Experiment, dataset: Dataset) -> NeuralNetProblem:
 def logistic_problem(exp: Experiment, dataset: Dataset) -> LogisticRegression:
     """Eq. 8 on a binary svmlight dataset, after checking that its model and f* fit this machine."""
     if not sp.issparse(dataset.X) or dataset.num_classes != 2:
-        raise ConfigError(f"problem.kind: logistic regression needs a two-class svmlight dataset; {dataset.name} "
-                          f"is {'an image' if not sp.issparse(dataset.X) else 'a multi-class'} dataset "
-                          "(use problem.kind = 'net')")
+        raise ConfigError(
+            f"problem.kind: logistic regression needs a two-class svmlight dataset; {dataset.name} "
+            f"is {'an image' if not sp.issparse(dataset.X) else 'a multi-class'} dataset "
+            "(use problem.kind = 'net')"
+        )
     d, clients = dataset.d, exp.data.num_clients
     need = 8 * d * clients * 2  # the stacked client models and one working copy
     if exp.run.target_gap is not None:
         if d > MAX_NEWTON_FEATURES:
-            raise ConfigError(f"run.target_gap: the exact optimum f* needs Newton's method with a dense {d} x {d} "
-                              f"Hessian ({8 * d * d / 2**30:.1f} GiB), more than stlsgd computes "
-                              f"(d <= {MAX_NEWTON_FEATURES}); set run.target_gap = \"none\"")
+            raise ConfigError(
+                f"run.target_gap: the exact optimum f* needs Newton's method with a dense {d} x {d} "
+                f"Hessian ({8 * d * d / 2**30:.1f} GiB), more than stlsgd computes "
+                f'(d <= {MAX_NEWTON_FEATURES}); set run.target_gap = "none"'
+            )
         need += 8 * d * d
     available = _memory_bytes()
     if available and need > available:
-        raise ConfigError(f"data.dataset: {dataset.name} has d = {d} features: {clients} client models need "
-                          f"{need / 2**30:.1f} GiB, more than this machine's {available / 2**30:.1f} GiB")
+        raise ConfigError(
+            f"data.dataset: {dataset.name} has d = {d} features: {clients} client models need "
+            f"{need / 2**30:.1f} GiB, more than this machine's {available / 2**30:.1f} GiB"
+        )
     return LogisticRegression(dataset.X, dataset.y, lam=exp.problem.lam, name=dataset.name)
 
 
@@ -136,8 +159,7 @@ def model_bytes_for(exp: Experiment) -> int | None:
 
     channels, side, classes = spec.image
     model = make_model(exp.problem.model, channels, classes, side)
-    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]
-               if t.is_floating_point())
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()] if t.is_floating_point())
 
 
 def fingerprint(dataset: Dataset, partition: Partition) -> str:

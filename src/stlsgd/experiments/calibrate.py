@@ -42,8 +42,9 @@ BIG_BYTES = 16 * 2**20
 IDLE_S = 1e-3
 
 
-def _round_figures(exp: Experiment, built: Built, group: dist.ProcessGroup | None, reps: int,
-                   beta: float, model_bytes: int) -> dict[str, Any]:
+def _round_figures(
+    exp: Experiment, built: Built, group: dist.ProcessGroup | None, reps: int, beta: float, model_bytes: int
+) -> dict[str, Any]:
     """c and alpha as the executor's rounds spend them (see the module docstring); every rank calls this."""
     world, rank = (group or dist.group.WORLD).size(), (group or dist.group.WORLD).rank()
     batch = getattr(exp.algorithm, "batch", 1)
@@ -80,8 +81,14 @@ def _round_figures(exp: Experiment, built: Built, group: dist.ProcessGroup | Non
     slowest = torch.tensor([statistics.median(compute), statistics.median(rounds)], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
     compute_s, round_s = slowest.tolist()
-    return {"step_s": compute_s / (k * batch), "round_s": round_s, "round_compute_s": compute_s,
-            "round_overhead_s": round_s - compute_s - model_bytes / beta, "steps_per_call": k, "batch": batch}
+    return {
+        "step_s": compute_s / (k * batch),
+        "round_s": round_s,
+        "round_compute_s": compute_s,
+        "round_overhead_s": round_s - compute_s - model_bytes / beta,
+        "steps_per_call": k,
+        "batch": batch,
+    }
 
 
 def _average_seconds(state: dict[str, Any], world: int, group: dist.ProcessGroup | None, reps: int) -> float:
@@ -103,8 +110,9 @@ def _states(model_bytes: int, numpy_state: bool) -> tuple[dict[str, Any], dict[s
     return {"w": torch.zeros(1, 2)}, {"w": torch.zeros(1, size)}, size * 4
 
 
-def measure(exp: Experiment, built: Built, model_bytes: int, group: dist.ProcessGroup | None,
-            reps: int = 50) -> dict[str, float]:
+def measure(
+    exp: Experiment, built: Built, model_bytes: int, group: dist.ProcessGroup | None, reps: int = 50
+) -> dict[str, float]:
     """The profile's figures on ``group`` (every rank calls this): latency_s, bandwidth_Bps, step_s, and the
     timings behind them."""
     world = (group or dist.group.WORLD).size()
@@ -117,8 +125,15 @@ def measure(exp: Experiment, built: Built, model_bytes: int, group: dist.Process
     rounds = _round_figures(exp, built, group, 4 * reps if exp.problem.kind == "logistic" else 5, beta, model_bytes)
     # A round can never cost less than the bare collective's round trip (the difference is timing noise).
     latency = max(rounds["round_overhead_s"], tiny_s)
-    return {"latency_s": latency, "bandwidth_Bps": beta, **rounds, "tiny_average_s": tiny_s,
-            "big_bytes": float(big_bytes), "big_s": big_s, "world_size": float(world)}
+    return {
+        "latency_s": latency,
+        "bandwidth_Bps": beta,
+        **rounds,
+        "tiny_average_s": tiny_s,
+        "big_bytes": float(big_bytes),
+        "big_s": big_s,
+        "world_size": float(world),
+    }
 
 
 def _loopback_rank(rank: int, port: int, exp: Experiment, data_dir: str | None, model_bytes: int, box: Any) -> None:
@@ -156,14 +171,21 @@ def calibrate(exp: Experiment, out: Path, data_dir: str | None = None) -> Networ
             port = s.getsockname()[1]
         with mp.Manager() as manager:
             box = manager.dict()
-            mp.start_processes(_loopback_rank, args=(port, exp, data_dir, model_bytes, box), nprocs=2,
-                               start_method="spawn")
+            mp.start_processes(
+                _loopback_rank, args=(port, exp, data_dir, model_bytes, box), nprocs=2, start_method="spawn"
+            )
             figures = dict(box)
         where, rank = "gloo, 2 local processes over loopback (launch under torchrun to measure your network)", 0
     if rank != 0:
         return None
-    network = Network(figures["latency_s"], figures["bandwidth_Bps"], figures["step_s"], name=str(out),
-                      source=f"stlsgd calibrate: {where}")
-    write_profile(out, network, {"dataset": exp.data.dataset},
-                  {**figures, "model_bytes": model_bytes, "communication": where})
+    network = Network(
+        figures["latency_s"],
+        figures["bandwidth_Bps"],
+        figures["step_s"],
+        name=str(out),
+        source=f"stlsgd calibrate: {where}",
+    )
+    write_profile(
+        out, network, {"dataset": exp.data.dataset}, {**figures, "model_bytes": model_bytes, "communication": where}
+    )
     return network

@@ -18,6 +18,7 @@ from stlsgd.algorithms.registry import MAX_STEPS
 from stlsgd.errors import ConfigError
 from stlsgd.schema import StrictModel
 
+
 class DataConfig(StrictModel):
     """Which data and how it is spread over clients (Section 5)."""
 
@@ -67,8 +68,9 @@ class RunConfig(StrictModel):
     eval_every: int = Field(1, ge=1, description="evaluate the averaged model every this many rounds")
     eval_every_iterations: int | None = Field(None, ge=1, description="and whenever this many iterations pass")
 
-    @field_validator("target_gap", "target_accuracy", "max_iterations", "max_rounds", "eval_every_iterations",
-                     mode="before")
+    @field_validator(
+        "target_gap", "target_accuracy", "max_iterations", "max_rounds", "eval_every_iterations", mode="before"
+    )
     @classmethod
     def _off(cls, value: Any) -> Any:
         # TOML has no null: "none" or "off" switches an optional stop rule off there.
@@ -104,8 +106,10 @@ class Experiment(StrictModel):
         budget = self.run.max_iterations
         k = getattr(self.algorithm, "k", None)
         if budget is not None and k is not None and k > budget:
-            raise ValueError(f"algorithm.k: the period {k:g} exceeds run.max_iterations ({budget}): "
-                             "not one round would fit the budget")
+            raise ValueError(
+                f"algorithm.k: the period {k:g} exceeds run.max_iterations ({budget}): "
+                "not one round would fit the budget"
+            )
         # A network has no known optimum f*: its runs stop on training accuracy (Table 3), so target_gap,
         # unless given, is unset rather than the logistic default.
         if self.problem.kind != "net":

@@ -33,8 +33,7 @@ class Panel:
     target: float | None = None
 
 
-def panels_figure(panels: list[Panel], xlabel: str, path: Path, *, log_x: bool = False,
-                  markers: bool = False) -> Path:
+def panels_figure(panels: list[Panel], xlabel: str, path: Path, *, log_x: bool = False, markers: bool = False) -> Path:
     """Write one PNG with a row of panels; curves with no positive value are left out of a log axis.
     ``markers``: each curve drawn as points (one point per row of a table), not lines."""
     n = max(len(panels), 1)
@@ -80,11 +79,13 @@ def _sparse_minor_labels(axis) -> None:
     """On a log axis that spans less than a decade matplotlib labels every minor tick (2, 3, ... 9 x 10^k),
     and the labels overlap; keep those of 2 and 5 only, and none where the axis spans two decades or more (its
     major ticks are labelled enough)."""
+
     def label(value: float, _pos: int) -> str:
         low, high = sorted(axis.get_view_interval())
         if value <= 0 or low <= 0 or high / low >= 100:
             return ""
         exponent = math.floor(math.log10(value) + 1e-9)
-        mantissa = round(value / 10 ** exponent)
+        mantissa = round(value / 10**exponent)
         return rf"$\mathdefault{{{mantissa}\times10^{{{exponent}}}}}$" if mantissa in (2, 5) else ""
+
     axis.set_minor_formatter(FuncFormatter(label))

@@ -22,7 +22,14 @@ from stlsgd.costmodel import Network, check_profile_matches
 from stlsgd.errors import StlsgdError
 from stlsgd.experiments.plots import Curve, Panel, panels_figure
 from stlsgd.experiments.sweeps.results import BEST, read_results
-from stlsgd.experiments.time_report import compute_figure, crossovers, latency_figure, row_usages, time_cells, time_selected
+from stlsgd.experiments.time_report import (
+    compute_figure,
+    crossovers,
+    latency_figure,
+    row_usages,
+    time_cells,
+    time_selected,
+)
 from stlsgd.files import read_jsonl
 
 BASELINE_METHOD = "sync_sgd"
@@ -58,18 +65,20 @@ def table_rows(sweeps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         base = _baseline(sweep)
         for label, info in sweep["methods"].items():
             median = info.get("median")
-            rows.append({
-                "label": label,
-                "sweep": sweep["sweep"],
-                "median_rounds": median,
-                "min_rounds": info.get("min"),
-                "max_rounds": info.get("max"),
-                "seeds_reached": info.get("seeds_reached", 0),
-                "seeds": len(sweep.get("seeds", [])),
-                "speedup": (base / median) if (base and median) else None,
-                "settings": info.get("settings"),
-                "eval_every": info.get("eval_every"),
-            })
+            rows.append(
+                {
+                    "label": label,
+                    "sweep": sweep["sweep"],
+                    "median_rounds": median,
+                    "min_rounds": info.get("min"),
+                    "max_rounds": info.get("max"),
+                    "seeds_reached": info.get("seeds_reached", 0),
+                    "seeds": len(sweep.get("seeds", [])),
+                    "speedup": (base / median) if (base and median) else None,
+                    "settings": info.get("settings"),
+                    "eval_every": info.get("eval_every"),
+                }
+            )
     return rows
 
 
@@ -111,11 +120,19 @@ def markdown(sweeps: list[dict[str, Any]]) -> str:
     for label in _labels(sweeps):
         lines.append(f"| {label} | " + " | ".join(_cell(by_key.get((label, n))) for n in names) + " |")
     if unfinished:
-        lines += ["", f"Incomplete sweeps (stopped before every grid run and seed rerun was done; the figures are "
-                      f"the best of the runs finished so far): {', '.join(unfinished)}."]
-    lines += ["", "Chosen settings (the grid setting with the fewest rounds at seed 0; "
-              "rounds are measured every `eval_every` rounds):", "",
-              "| Algorithms | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        lines += [
+            "",
+            f"Incomplete sweeps (stopped before every grid run and seed rerun was done; the figures are "
+            f"the best of the runs finished so far): {', '.join(unfinished)}.",
+        ]
+    lines += [
+        "",
+        "Chosen settings (the grid setting with the fewest rounds at seed 0; "
+        "rounds are measured every `eval_every` rounds):",
+        "",
+        "| Algorithms | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     for label in _labels(sweeps):
         cells = []
         for n in names:
@@ -123,18 +140,27 @@ def markdown(sweeps: list[dict[str, Any]]) -> str:
             if row is None or row["settings"] is None:
                 cells.append("" if row is None else "—")
             else:
-                cells.append(", ".join(f"{k}={v}" for k, v in row["settings"].items()) +
-                             f" (eval every {row['eval_every']})")
+                cells.append(
+                    ", ".join(f"{k}={v}" for k, v in row["settings"].items()) + f" (eval every {row['eval_every']})"
+                )
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", "Grid runs per row (reached / pruned / budget / diverged / failed, of the settings in the grid):", "",
-              "| Algorithms | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += [
+        "",
+        "Grid runs per row (reached / pruned / budget / diverged / failed, of the settings in the grid):",
+        "",
+        "| Algorithms | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     for label in _labels(sweeps):
         cells = []
         for sweep in sweeps:
             tried = sweep["methods"].get(label, {}).get("tried")
-            cells.append("" if not tried else " / ".join(str(tried.get(s, 0)) for s in
-                                                        ("reached", "pruned", "budget", "diverged", "failed"))
-                         + (f" of {tried['planned']}" if "planned" in tried else ""))
+            cells.append(
+                ""
+                if not tried
+                else " / ".join(str(tried.get(s, 0)) for s in ("reached", "pruned", "budget", "diverged", "failed"))
+                + (f" of {tried['planned']}" if "planned" in tried else "")
+            )
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -153,8 +179,18 @@ def _seed_text(sweeps: list[dict[str, Any]]) -> str:
 
 def write_csv(sweeps: list[dict[str, Any]], path: Path) -> None:
     rows = table_rows(sweeps)
-    fields = ["label", "sweep", "median_rounds", "min_rounds", "max_rounds", "seeds_reached", "seeds", "speedup",
-              "eval_every", "settings"]
+    fields = [
+        "label",
+        "sweep",
+        "median_rounds",
+        "min_rounds",
+        "max_rounds",
+        "seeds_reached",
+        "seeds",
+        "speedup",
+        "eval_every",
+        "settings",
+    ]
     with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
@@ -166,8 +202,11 @@ def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
     panels = []
     for sweep in sweeps:
         has_gap = sweep.get("target_gap") is not None
-        panel = Panel(sweep["sweep"], "objective gap f(x) - f*" if has_gap else "training loss",
-                      target=sweep.get("target_gap") if has_gap else None)
+        panel = Panel(
+            sweep["sweep"],
+            "objective gap f(x) - f*" if has_gap else "training loss",
+            target=sweep.get("target_gap") if has_gap else None,
+        )
         for label, info in sweep["methods"].items():
             run_dir = info.get("run_dir") or (info.get("closest") or {}).get("run_dir")
             if not run_dir:
@@ -197,15 +236,25 @@ def usage_section(sweeps: list[dict[str, Any]]) -> str:
     """Computation and communication to the target: median client-steps and MiB one client sent, per row."""
     names = [s["sweep"] for s in sweeps]
     usages = {s["sweep"]: {r.label: r for r in row_usages(s)} for s in sweeps}
-    lines = ["", "Computation and communication to the target (median over the seeds that reached it): client-steps "
-             "(samples one client processed) / MiB one client sent:", "",
-             "| Algorithms | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines = [
+        "",
+        "Computation and communication to the target (median over the seeds that reached it): client-steps "
+        "(samples one client processed) / MiB one client sent:",
+        "",
+        "| Algorithms | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     for label in _labels(sweeps):
         cells = []
         for n in names:
             row = usages[n].get(label)
-            cells.append("" if row is None else "—" if row.usage is None else
-                         f"{row.usage.client_steps:.3g} / {row.usage.bytes_per_client / 2**20:.3g}")
+            cells.append(
+                ""
+                if row is None
+                else "—"
+                if row.usage is None
+                else f"{row.usage.client_steps:.3g} / {row.usage.bytes_per_client / 2**20:.3g}"
+            )
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -220,20 +269,29 @@ def time_section(sweeps: list[dict[str, Any]], network: Network, select: str) ->
     else:
         cells = {s["sweep"]: time_cells(s, network) for s in sweeps}
         what = "the rounds-chosen setting, median usage over its seeds"
-    lines = ["", f"Predicted time to target on {network.name} (latency {network.latency_s:g} s a round, bandwidth "
-             f"{network.bandwidth_Bps:g} B/s, step {network.step_s:g} s a client-step; {what}):", "",
-             "| Algorithms | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines = [
+        "",
+        f"Predicted time to target on {network.name} (latency {network.latency_s:g} s a round, bandwidth "
+        f"{network.bandwidth_Bps:g} B/s, step {network.step_s:g} s a client-step; {what}):",
+        "",
+        "| Algorithms | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     for label in _labels(sweeps):
         lines.append(f"| {label} | " + " | ".join(cells[n].get(label, "") for n in names) + " |")
-    lines += ["", "Crossover latencies (STL-SGD rows against Local SGD, SyncSGD and LB-SGD, at this bandwidth and "
-              "step cost):", ""]
+    lines += [
+        "",
+        "Crossover latencies (STL-SGD rows against Local SGD, SyncSGD and LB-SGD, at this bandwidth and step cost):",
+        "",
+    ]
     for s in sweeps:
         lines += [f"- {s['sweep']}: {line}" for line in crossovers(s, network)]
     return "\n".join(lines) + "\n"
 
 
-def write_report(dirs: list[Path], out: Path, prefix: str = "table", *, network: Network | None = None,
-                 select: str = "rounds") -> list[Path]:
+def write_report(
+    dirs: list[Path], out: Path, prefix: str = "table", *, network: Network | None = None, select: str = "rounds"
+) -> list[Path]:
     """Write NAME.md (with the computation and communication to the target), NAME.csv, NAME_rounds.png,
     NAME_epochs.png and NAME_compute.png (rounds against client-steps), and with a ``network`` the predicted time
     to target (in NAME.md) and NAME_latency.png (time against latency); returns their paths."""
@@ -263,8 +321,9 @@ def write_report(dirs: list[Path], out: Path, prefix: str = "table", *, network:
     md.write_text(text)
     write_csv(sweeps, csv_path)
     rounds = panels_figure(_panels(sweeps, "round"), "communication rounds", out / f"{prefix}_rounds.png", log_x=True)
-    epochs = panels_figure(_panels(sweeps, "epochs"), "epochs (samples by all clients / n)",
-                           out / f"{prefix}_epochs.png", log_x=True)
+    epochs = panels_figure(
+        _panels(sweeps, "epochs"), "epochs (samples by all clients / n)", out / f"{prefix}_epochs.png", log_x=True
+    )
     written = [md, csv_path, rounds, epochs, compute_figure(sweeps, out / f"{prefix}_compute.png")]
     if network is not None:
         written.append(latency_figure(sweeps, network, out / f"{prefix}_latency.png"))

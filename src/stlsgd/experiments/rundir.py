@@ -150,11 +150,14 @@ class RunDirectory:
             except StlsgdError:
                 same = False
             if not same:
-                raise StlsgdError(f"{out}: already holds a different run ({config_path} differs); "
-                                  "choose another --out or pass --overwrite")
+                raise StlsgdError(
+                    f"{out}: already holds a different run ({config_path} differs); "
+                    "choose another --out or pass --overwrite"
+                )
         elif any((out / name).exists() for name in RESULT_FILES):
-            raise StlsgdError(f"{out}: holds results without {CONFIG_FILE} (another run?); "
-                              "choose another --out or pass --overwrite")
+            raise StlsgdError(
+                f"{out}: holds results without {CONFIG_FILE} (another run?); choose another --out or pass --overwrite"
+            )
 
     def restore(self) -> tuple[RunState, dict[str, Any]] | None:
         """The checkpoint, checked to belong to this config; None means start afresh. Writes nothing."""
@@ -163,21 +166,29 @@ class RunDirectory:
             return None
         state, meta = load_checkpoint(path)
         if meta.get("config") != self.exp.to_dict():
-            raise CheckpointError(f"{path}: was written by a different config; choose another --out or pass "
-                                  "--overwrite")
+            raise CheckpointError(
+                f"{path}: was written by a different config; choose another --out or pass --overwrite"
+            )
         return state, meta
 
     @staticmethod
     def check_data(restored: tuple[RunState, dict[str, Any]] | None, fingerprint: str, path: Path) -> None:
         """A checkpoint resumes only on the data it was made on (same rows, labels and partition)."""
         if restored is not None and restored[1].get("data_fingerprint") != fingerprint:
-            raise CheckpointError(f"{path}: was made on other data (the dataset file or its partition changed "
-                                  "since); restore that data, or rerun without --resume")
+            raise CheckpointError(
+                f"{path}: was made on other data (the dataset file or its partition changed "
+                "since); restore that data, or rerun without --resume"
+            )
 
     # ------------------------------------------------------------------ writing
 
-    def open(self, restored: tuple[RunState, dict[str, Any]] | None, fingerprint: str,
-             fresh: Callable[[], RunState], checkpoint_every: int | None) -> Start:
+    def open(
+        self,
+        restored: tuple[RunState, dict[str, Any]] | None,
+        fingerprint: str,
+        fresh: Callable[[], RunState],
+        checkpoint_every: int | None,
+    ) -> Start:
         """Lock the directory and start its files: afresh, at the checkpoint, or not at all (ended before)."""
         out = self.out
         try:
@@ -197,19 +208,27 @@ class RunDirectory:
             return Start(fresh(), checkpoint_every)
         state, meta = restored
         self.checkpoint_every = checkpoint_every if checkpoint_every is not None else meta.get("checkpoint_every")
-        if state.status != "running" and (out / SUMMARY_FILE).is_file() and (
-                not self.keep_params or (out / FINAL_PARAMS_FILE).is_file()):
+        if (
+            state.status != "running"
+            and (out / SUMMARY_FILE).is_file()
+            and (not self.keep_params or (out / FINAL_PARAMS_FILE).is_file())
+        ):
             return Start(None, self.checkpoint_every, summary=json.loads((out / SUMMARY_FILE).read_text()))
-        self.metrics = MetricsLog.resume(out / METRICS_FILE, lines=meta["metrics_lines"], size=meta["metrics_bytes"],
-                                         sha256=meta["metrics_sha256"])
+        self.metrics = MetricsLog.resume(
+            out / METRICS_FILE, lines=meta["metrics_lines"], size=meta["metrics_bytes"], sha256=meta["metrics_sha256"]
+        )
         return Start(state, self.checkpoint_every)
 
     def checkpoint(self, state: RunState) -> None:
         assert self.metrics is not None
         with _cannot_write(self.out / CHECKPOINT_FILE, state.round):
             self.metrics.sync()
-            meta = {"config": self.exp.to_dict(), "checkpoint_every": self.checkpoint_every,
-                    "data_fingerprint": self._fingerprint, **self.metrics.position()}
+            meta = {
+                "config": self.exp.to_dict(),
+                "checkpoint_every": self.checkpoint_every,
+                "data_fingerprint": self._fingerprint,
+                **self.metrics.position(),
+            }
             save_checkpoint(self.out / CHECKPOINT_FILE, state, meta)
 
     def finish(self, state: RunState, summary: dict[str, Any]) -> None:
@@ -252,8 +271,10 @@ class RunDirectory:
         try:
             self._lock = lock_directory(self.out, LOCK_FILE)
         except LockedError as err:
-            raise StlsgdError(f"{self.out}: another stlsgd process (pid {err.holder}) is writing a run here; "
-                              "wait for it to end or choose another --out") from None
+            raise StlsgdError(
+                f"{self.out}: another stlsgd process (pid {err.holder}) is writing a run here; "
+                "wait for it to end or choose another --out"
+            ) from None
 
     def _clear_debris(self) -> None:
         """Temporary files left by a process killed in the middle of an atomic write."""
@@ -271,9 +292,10 @@ def _cannot_write(path: Path, round_: int | None) -> Iterator[None]:
         yield
     except OSError as err:
         where = "" if round_ is None else f" after round {round_}"
-        raise StlsgdError(f"{path}: cannot write ({err.strerror or err}); the run stopped{where}; free space (or "
-                          "choose a writable --out) and rerun with --resume to go on from its last checkpoint") \
-            from None
+        raise StlsgdError(
+            f"{path}: cannot write ({err.strerror or err}); the run stopped{where}; free space (or "
+            "choose a writable --out) and rerun with --resume to go on from its last checkpoint"
+        ) from None
 
 
 def _check_writable(out: Path) -> None:

@@ -98,8 +98,17 @@ def run_experiment(
     """
     check_checkpoint_every(checkpoint_every)
     out = Path(out)
-    options = dict(data_dir=data_dir, overwrite=overwrite, progress=progress, checkpoint_every=checkpoint_every,
-                   resume=resume, on_round=on_round, built=built, keep_params=keep_params, tensorboard=tensorboard)
+    options = dict(
+        data_dir=data_dir,
+        overwrite=overwrite,
+        progress=progress,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        on_round=on_round,
+        built=built,
+        keep_params=keep_params,
+        tensorboard=tensorboard,
+    )
     if backend == "sim":
         if inject_latency_s:
             raise ConfigError("--inject-latency: only with --backend dist (it delays the collectives)")
@@ -119,16 +128,30 @@ def run_experiment(
     return summary
 
 
-def _run(job: _Alone | _Ranks, exp: Experiment, out: Path, *, data_dir: str | None, overwrite: bool, progress: bool,
-         checkpoint_every: int | None, resume: bool, on_round: Callback | None, built: Built | None,
-         keep_params: bool, tensorboard: Path | None) -> dict[str, Any] | None:
+def _run(
+    job: _Alone | _Ranks,
+    exp: Experiment,
+    out: Path,
+    *,
+    data_dir: str | None,
+    overwrite: bool,
+    progress: bool,
+    checkpoint_every: int | None,
+    resume: bool,
+    on_round: Callback | None,
+    built: Built | None,
+    keep_params: bool,
+    tensorboard: Path | None,
+) -> dict[str, Any] | None:
     n_clients = exp.data.num_clients
     rundir = RunDirectory(out, exp, keep_params=keep_params) if job.is_root else None
 
     def setup() -> tuple[Built, Start | None, float | None]:
         if job.world > n_clients:
-            raise ConfigError(f"data.num_clients: {n_clients} clients cannot occupy {job.world} ranks; "
-                              f"use at most {n_clients} processes")
+            raise ConfigError(
+                f"data.num_clients: {n_clients} clients cannot occupy {job.world} ranks; "
+                f"use at most {n_clients} processes"
+            )
         restored = None
         if rundir is not None:  # every check that can refuse the run comes before anything is written
             rundir.check(overwrite)
@@ -140,8 +163,10 @@ def _run(job: _Alone | _Ranks, exp: Experiment, out: Path, *, data_dir: str | No
         fstar = b.problem.optimum(cache_dir=cache_dir()) if exp.run.target_gap is not None else None
 
         def fresh() -> RunState:
-            return RunState(clients=b.problem.init_state(1, exp.run.seed),
-                            sampler_state=Sampler(b.partition, exp.run.seed).get_state())
+            return RunState(
+                clients=b.problem.init_state(1, exp.run.seed),
+                sampler_state=Sampler(b.partition, exp.run.seed).get_state(),
+            )
 
         start = rundir.open(restored, b.fingerprint, fresh, checkpoint_every)
         if start.state is not None:  # every client holds the same model at a round boundary: send one
@@ -159,9 +184,18 @@ def _run(job: _Alone | _Ranks, exp: Experiment, out: Path, *, data_dir: str | No
             rundir.close()
 
 
-def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar: float | None,
-            rundir: RunDirectory | None, on_round: Callback | None, progress: bool, out: Path,
-            tensorboard: Path | None) -> dict[str, Any] | None:
+def _rounds(
+    job: _Alone | _Ranks,
+    exp: Experiment,
+    b: Built,
+    start: Start,
+    fstar: float | None,
+    rundir: RunDirectory | None,
+    on_round: Callback | None,
+    progress: bool,
+    out: Path,
+    tensorboard: Path | None,
+) -> dict[str, Any] | None:
     n_clients = exp.data.num_clients
     topology = job.topology(n_clients)
     template = b.problem.init_state(1, exp.run.seed)
@@ -172,10 +206,14 @@ def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar
         return None if values is None else _like(template, values)
 
     # Clients are equal at a round boundary (one row came); control variates are per client (all rows came).
-    state = dataclasses.replace(s, clients=replicate(_like(template, s.clients), own), anchor=like(s.anchor),
-                                control=None if s.control is None else {
-                                    k: v[topology.clients] for k, v in like(s.control).items()},
-                                control_mean=like(s.control_mean), outer_momentum=like(s.outer_momentum))
+    state = dataclasses.replace(
+        s,
+        clients=replicate(_like(template, s.clients), own),
+        anchor=like(s.anchor),
+        control=None if s.control is None else {k: v[topology.clients] for k, v in like(s.control).items()},
+        control_mean=like(s.control_mean),
+        outer_momentum=like(s.outer_momentum),
+    )
     b.problem.warm_up()
     started = time.perf_counter() - state.wall_s
     every = start.checkpoint_every
@@ -202,22 +240,38 @@ def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar
                 rundir.metrics.write(metrics)
                 write_metrics(writer, metrics)
 
-    previous = distributed.exit_on_sigterm(lambda: _fault(
-        job, state, "stopped by the launcher (SIGTERM)", start.checkpoint_every, out)) if isinstance(job, _Ranks) else None
+    previous = (
+        distributed.exit_on_sigterm(
+            lambda: _fault(job, state, "stopped by the launcher (SIGTERM)", start.checkpoint_every, out)
+        )
+        if isinstance(job, _Ranks)
+        else None
+    )
     try:
         # A checkpoint that says the run has ended (a kill came between the final checkpoint and the summary)
         # only completes the files: the run takes no further step.
         if state.status == "running":
             # Overflow on the way to divergence is expected and reported as status "diverged", not as warnings.
             with np.errstate(over="ignore", invalid="ignore"):
-                state = run(b.plan, b.problem, Sampler(b.partition, exp.run.seed), stop_rule(exp, fstar is not None),
-                            state, fstar=fstar, on_metrics=on_metrics,
-                            on_round=after_round, progress=progress and job.is_root, topology=topology,
-                            align=start.checkpoint_every, rule=b.rule)
+                state = run(
+                    b.plan,
+                    b.problem,
+                    Sampler(b.partition, exp.run.seed),
+                    stop_rule(exp, fstar is not None),
+                    state,
+                    fstar=fstar,
+                    on_metrics=on_metrics,
+                    on_round=after_round,
+                    progress=progress and job.is_root,
+                    topology=topology,
+                    align=start.checkpoint_every,
+                    rule=b.rule,
+                )
     except Exception as exc:
         if isinstance(job, _Ranks) and distributed.is_comm_failure(exc):
-            raise distributed.CollectiveFailure(_fault(job, state, "lost the process group", start.checkpoint_every,
-                                                       out, brief(exc))) from exc
+            raise distributed.CollectiveFailure(
+                _fault(job, state, "lost the process group", start.checkpoint_every, out, brief(exc))
+            ) from exc
         raise
     finally:
         if previous is not None:
@@ -234,11 +288,16 @@ def _rounds(job: _Alone | _Ranks, exp: Experiment, b: Built, start: Start, fstar
 
 def _fault(job: _Ranks, state: RunState, what: str, every: int | None, out: Path, cause: str = "") -> str:
     timeout = distributed.collective_timeout().total_seconds()
-    resume = (f"resume from rank 0's last checkpoint with the same command plus --resume ({out / CHECKPOINT_FILE})"
-              if every else "no checkpoint was being written (--checkpoint-every R), so a rerun starts afresh")
+    resume = (
+        f"resume from rank 0's last checkpoint with the same command plus --resume ({out / CHECKPOINT_FILE})"
+        if every
+        else "no checkpoint was being written (--checkpoint-every R), so a rerun starts afresh"
+    )
     cause = f" [{cause}]" if cause else ""
-    return (f"rank {job.rank} of {job.world}: {what} after round {state.round} -- a peer process died or stalled "
-            f"longer than {timeout:g} s (${distributed.TIMEOUT_ENV}){cause}; {resume}")
+    return (
+        f"rank {job.rank} of {job.world}: {what} after round {state.round} -- a peer process died or stalled "
+        f"longer than {timeout:g} s (${distributed.TIMEOUT_ENV}){cause}; {resume}"
+    )
 
 
 def _full(state: RunState, num_clients: int, topology: Topology) -> RunState:
@@ -265,8 +324,9 @@ def _like(template: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def summarize(exp: Experiment, state: RunState, built: Built, fstar: float | None, num_clients: int,
-              backend: dict[str, Any]) -> dict[str, Any]:
+def summarize(
+    exp: Experiment, state: RunState, built: Built, fstar: float | None, num_clients: int, backend: dict[str, Any]
+) -> dict[str, Any]:
     """summary.json: the outcome, what the run computed and communicated, the last metrics, the plan and the
     round rule as run."""
     return {
@@ -287,7 +347,9 @@ def summarize(exp: Experiment, state: RunState, built: Built, fstar: float | Non
         "fstar": fstar,
         "final": state.last,
         "plan": built.plan.describe(),
-        "rule": {"drift": built.rule.drift,
-                 "outer": None if built.rule.outer is None else dataclasses.asdict(built.rule.outer)},
+        "rule": {
+            "drift": built.rule.drift,
+            "outer": None if built.rule.outer is None else dataclasses.asdict(built.rule.outer),
+        },
         "backend": backend,
     }

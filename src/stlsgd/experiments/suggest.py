@@ -70,19 +70,34 @@ def estimate(problem: LogisticRegression, partition: Partition, iterations: int 
     G = sp.diags(-y * _expit(np.zeros(n))) @ X  # per-sample loss gradients at x_0 = 0 (lam x_0 = 0)
     g = np.asarray(G.mean(axis=0)).ravel()
     sigma2 = float(np.asarray(G.multiply(G).sum(axis=1)).mean() - g @ g)
-    clients = np.array([np.asarray(G[partition.client_rows(c)].mean(axis=0)).ravel()
-                        for c in range(partition.num_clients)])
+    clients = np.array(
+        [np.asarray(G[partition.client_rows(c)].mean(axis=0)).ravel() for c in range(partition.num_clients)]
+    )
     zeta2 = float(np.mean(np.sum((clients - g) ** 2, axis=1)))
-    return Estimates(n=n, d=X.shape[1], num_clients=partition.num_clients, L=L, L_max=float(rows.max() / 4 + lam),
-                     mu=lam, sigma2=max(sigma2, 0.0), zeta2=max(zeta2, 0.0))
+    return Estimates(
+        n=n,
+        d=X.shape[1],
+        num_clients=partition.num_clients,
+        L=L,
+        L_max=float(rows.max() / 4 + lam),
+        mu=lam,
+        sigma2=max(sigma2, 0.0),
+        zeta2=max(zeta2, 0.0),
+    )
 
 
 def theorem2(e: Estimates) -> dict[str, float]:
     """Theorem 2's values at its largest step eta_1 = 1/(6L), IID and Non-IID."""
     eta = 1.0 / (6.0 * e.L)
     k_iid = min(1.0 / (6 * eta * e.L * e.num_clients), 1.0 / (9 * eta * e.L))
-    k_non = min(math.sqrt(e.sigma2) / math.sqrt(6 * eta * e.L * e.num_clients * (e.sigma2 + 4 * e.zeta2)),
-                1.0 / (9 * eta * e.L)) if e.sigma2 > 0 else k_iid
+    k_non = (
+        min(
+            math.sqrt(e.sigma2) / math.sqrt(6 * eta * e.L * e.num_clients * (e.sigma2 + 4 * e.zeta2)),
+            1.0 / (9 * eta * e.L),
+        )
+        if e.sigma2 > 0
+        else k_iid
+    )
     return {"lr": eta, "T1": 6.0 / (e.mu * eta), "k1_iid": k_iid, "k1_noniid": k_non}
 
 
@@ -97,8 +112,15 @@ def propose(e: Estimates) -> dict[str, Any]:
     T1 = max(int(math.ceil(1.0 / (e.mu * lr))), 1)
     drift = share > IID_SHARE
     rounds = math.ceil(R_NONIID * math.sqrt(1 + 4 * share)) if drift else 1
-    return {"lr": lr, "T1": T1, "k": float(max(T1 // rounds, 1)), "drift": drift, "iid": True,
-            "rounds_per_stage": rounds, "fallback": fallback}
+    return {
+        "lr": lr,
+        "T1": T1,
+        "k": float(max(T1 // rounds, 1)),
+        "drift": drift,
+        "iid": True,
+        "rounds_per_stage": rounds,
+        "fallback": fallback,
+    }
 
 
 def report(e: Estimates, proposal: dict[str, Any]) -> str:
@@ -123,8 +145,10 @@ def report(e: Estimates, proposal: dict[str, Any]) -> str:
 def estimates_for(built: Any) -> Estimates:
     """Estimates of a built experiment; a one-line error where the problem is not Eq. 8."""
     if not isinstance(built.problem, LogisticRegression):
-        raise ConfigError("problem.kind: suggest estimates the constants of Eq. 8 (logistic regression); for "
-                          "networks, docs/distributed.md has measured guidance")
+        raise ConfigError(
+            "problem.kind: suggest estimates the constants of Eq. 8 (logistic regression); for "
+            "networks, docs/distributed.md has measured guidance"
+        )
     return estimate(built.problem, built.partition)
 
 

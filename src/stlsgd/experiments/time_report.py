@@ -41,7 +41,7 @@ def _sweep_file(best: dict[str, Any]) -> Path | None:
     parts = path.parts
     if "configs" not in parts:
         return None
-    local = Path(*parts[parts.index("configs"):])
+    local = Path(*parts[parts.index("configs") :])
     roots = [Path.cwd()]
     if "_dir" in best:
         roots += list(Path(best["_dir"]).resolve().parents)
@@ -102,13 +102,16 @@ def time_cells(best: dict[str, Any], network: Network) -> dict[str, str]:
             cells[row.label] = "—"
             continue
         b = predict(*row.usage, network)
-        cells[row.label] = (f"{_seconds(b.total_s)} ({_seconds(b.latency_s)} latency + {_seconds(b.transfer_s)} "
-                            f"transfer + {_seconds(b.compute_s)} compute)")
+        cells[row.label] = (
+            f"{_seconds(b.total_s)} ({_seconds(b.latency_s)} latency + {_seconds(b.transfer_s)} "
+            f"transfer + {_seconds(b.compute_s)} compute)"
+        )
     return cells
 
 
-def crossovers(best: dict[str, Any], network: Network, against: tuple[str, ...] = ("local_sgd", "sync_sgd",
-                                                                                        "lb_sgd")) -> list[str]:
+def crossovers(
+    best: dict[str, Any], network: Network, against: tuple[str, ...] = ("local_sgd", "sync_sgd", "lb_sgd")
+) -> list[str]:
     """Lines 'row A vs row B: A is faster above alpha*' for every STL-SGD row against the baseline methods."""
     rows = [r for r in row_usages(best) if r.usage is not None]
     lines = []
@@ -121,13 +124,15 @@ def crossovers(best: dict[str, Any], network: Network, against: tuple[str, ...] 
             alpha = crossover_latency(a.usage, b.usage, network)
             faster = a.usage.rounds < b.usage.rounds
             if alpha is None:
-                winner = a.label if predict(*a.usage, network).total_s <= predict(*b.usage, network).total_s \
-                    else b.label
+                winner = (
+                    a.label if predict(*a.usage, network).total_s <= predict(*b.usage, network).total_s else b.label
+                )
                 lines.append(f"{a.label} vs {b.label}: {winner} is faster at every latency")
             else:
                 fewer, more = (a.label, b.label) if faster else (b.label, a.label)
-                lines.append(f"{a.label} vs {b.label}: {fewer} is faster above {_seconds(alpha)} per round, "
-                             f"{more} below")
+                lines.append(
+                    f"{a.label} vs {b.label}: {fewer} is faster above {_seconds(alpha)} per round, {more} below"
+                )
     return lines
 
 
@@ -136,7 +141,7 @@ def time_selected(best: dict[str, Any], records: list[dict[str, Any]], network: 
 
     The seed reruns of a sweep are of each row's rounds-best setting, so a time-chosen setting has one seed."""
     cells = {}
-    for label, info in best["methods"].items():
+    for label in best["methods"]:
         timed = []
         for r in records:
             if r["label"] != label or r["phase"] != "grid" or r["status"] != "reached":
@@ -161,8 +166,11 @@ def latency_figure(sweeps: list[dict[str, Any]], network: Network, path: Path) -
     latencies = [10 ** (e / 4) for e in range(-24, 5)]  # 1 us .. 10 s
     panels = []
     for best in sweeps:
-        panel = Panel(f"{best['sweep']}\n(bandwidth {network.bandwidth_Bps * 8 / 1e9:g} Gbit/s, step "
-                      f"{_seconds(network.step_s or 0)})", "time to target (s)")
+        panel = Panel(
+            f"{best['sweep']}\n(bandwidth {network.bandwidth_Bps * 8 / 1e9:g} Gbit/s, step "
+            f"{_seconds(network.step_s or 0)})",
+            "time to target (s)",
+        )
         for row in row_usages(best):
             if row.usage is None:
                 continue
@@ -181,8 +189,7 @@ def compute_figure(sweeps: list[dict[str, Any]], path: Path) -> Path:
             if row.usage is not None:
                 panel.curves.append(Curve(row.label, [row.usage.client_steps], [row.usage.rounds]))
         panels.append(panel)
-    return panels_figure(panels, "client-steps to target (samples per client)", path, log_x=True,
-                         markers=True)
+    return panels_figure(panels, "client-steps to target (samples per client)", path, log_x=True, markers=True)
 
 
 def _seconds(s: float) -> str:

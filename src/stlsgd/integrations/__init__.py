@@ -23,8 +23,9 @@ from stlsgd.errors import StlsgdError
 
 def missing(framework: str, extra: str, exc: ImportError) -> StlsgdError:
     """The one-line error of an adapter whose framework is not installed."""
-    return StlsgdError(f"stlsgd.integrations.{extra}: needs {framework} ({exc}); install it with "
-                       f"pip install 'stlsgd[{extra}]'")
+    return StlsgdError(
+        f"stlsgd.integrations.{extra}: needs {framework} ({exc}); install it with pip install 'stlsgd[{extra}]'"
+    )
 
 
 __all__ = ["missing"]

@@ -56,8 +56,10 @@ def check_distributed_type(kind: Any) -> None:
     """Refuse (one line) a distributed type other than NO, MULTI_CPU and MULTI_GPU."""
     if kind not in SUPPORTED:
         name = getattr(kind, "value", str(kind))
-        raise StlsgdError(f"StlsgdLocalSGD: Accelerate's distributed type {name} is not supported; stlsgd averages "
-                          "whole replicated models: use NO, MULTI_CPU or MULTI_GPU (plain data parallel)")
+        raise StlsgdError(
+            f"StlsgdLocalSGD: Accelerate's distributed type {name} is not supported; stlsgd averages "
+            "whole replicated models: use NO, MULTI_CPU or MULTI_GPU (plain data parallel)"
+        )
 
 
 class StlsgdLocalSGD:
@@ -69,8 +71,15 @@ class StlsgdLocalSGD:
     ``log_every``, ``csv``, ...); the averager is :attr:`averager` (None when disabled).
     """
 
-    def __init__(self, accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer, plan: Plan,
-                 enabled: bool = True, **averager_options: Any) -> None:
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        plan: Plan,
+        enabled: bool = True,
+        **averager_options: Any,
+    ) -> None:
         check_distributed_type(accelerator.distributed_type)
         self.enabled = enabled
         self.model = model
@@ -116,8 +125,10 @@ class StlsgdLocalSGD:
         if self.averager is None or self._stepped == 0:
             return False
         if self._stepped > 1:
-            raise StlsgdError(f"StlsgdLocalSGD.step: the optimizer stepped {self._stepped} times since the last "
-                              "call; call local_sgd.step() after every optimizer.step()")
+            raise StlsgdError(
+                f"StlsgdLocalSGD.step: the optimizer stepped {self._stepped} times since the last "
+                "call; call local_sgd.step() after every optimizer.step()"
+            )
         self._stepped = 0
         return self.averager.after_step()
 

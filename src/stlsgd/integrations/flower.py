@@ -106,8 +106,10 @@ def set_weights(model: nn.Module, arrays: Sequence[np.ndarray]) -> None:
     """Load :func:`get_weights` arrays into the model."""
     state = _floating(model)
     if len(arrays) != len(state):
-        raise StlsgdError(f"set_weights: got {len(arrays)} arrays, the model has {len(state)} floating "
-                          "parameters and buffers (exchange get_weights(model))")
+        raise StlsgdError(
+            f"set_weights: got {len(arrays)} arrays, the model has {len(state)} floating "
+            "parameters and buffers (exchange get_weights(model))"
+        )
     with torch.no_grad():
         for (name, tensor), array in zip(state.items(), arrays):
             if tuple(array.shape) != tuple(tensor.shape):
@@ -183,8 +185,11 @@ class StlsgdFedAvg(FedAvg):
         rnd = self.plan.next_round(self.cursor, self._feedback)
         self._round = rnd
         config: dict[str, Scalar] = {
-            PREFIX + "round": rnd.index, PREFIX + "stage": rnd.stage, PREFIX + "period": rnd.period,
-            PREFIX + "steps": rnd.steps, PREFIX + "batch": rnd.batch,
+            PREFIX + "round": rnd.index,
+            PREFIX + "stage": rnd.stage,
+            PREFIX + "period": rnd.period,
+            PREFIX + "steps": rnd.steps,
+            PREFIX + "batch": rnd.batch,
         }
         if rnd.lrs is not None:
             lrs = np.asarray(rnd.learning_rates(), dtype=np.float64)
@@ -199,8 +204,9 @@ class StlsgdFedAvg(FedAvg):
                 config[PREFIX + "anchor"] = pack(self.anchor)
         return config
 
-    def configure_fit(self, server_round: int, parameters: Parameters,
-                      client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
         if self.max_iterations is not None and self.cursor.iteration >= self.max_iterations:
             return []  # the budget is spent: Flower's remaining rounds train nothing
         pairs = super().configure_fit(server_round, parameters, client_manager)
@@ -210,14 +216,18 @@ class StlsgdFedAvg(FedAvg):
         fit_ins = FitIns(parameters, config)
         return [(client, fit_ins) for client, _ in pairs]
 
-    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
-                      failures: list[tuple[ClientProxy, FitRes] | BaseException]) -> tuple[Parameters | None,
-                                                                                           dict[str, Scalar]]:
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
         parameters, metrics = super().aggregate_fit(server_round, results, failures)
         if parameters is None or self._round is None:
             return parameters, metrics  # no average: the same round of the plan is configured again
-        losses = [(res.num_examples, res.metrics[PREFIX + "loss"]) for _, res in results
-                  if PREFIX + "loss" in res.metrics]
+        losses = [
+            (res.num_examples, res.metrics[PREFIX + "loss"]) for _, res in results if PREFIX + "loss" in res.metrics
+        ]
         weight = sum(n for n, _ in losses)
         if losses and weight > 0:
             self.objective = float(sum(n * float(v) for n, v in losses) / weight)
@@ -229,15 +239,20 @@ class StlsgdFedAvg(FedAvg):
 
     def state_dict(self) -> dict[str, Any]:
         """The plan's position (save it with the global parameters to restart the server)."""
-        return {"cursor": self.cursor.to_dict(), "averages": self.averages, "objective": self.objective,
-                "anchor": None if self.anchor is None else [a.copy() for a in self.anchor],
-                "plan": {"name": type(self.plan).__name__, **self.plan.describe()}}
+        return {
+            "cursor": self.cursor.to_dict(),
+            "averages": self.averages,
+            "objective": self.objective,
+            "anchor": None if self.anchor is None else [a.copy() for a in self.anchor],
+            "plan": {"name": type(self.plan).__name__, **self.plan.describe()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         plan = {"name": type(self.plan).__name__, **self.plan.describe()}
         if state.get("plan") != plan:
-            raise StlsgdError(f"StlsgdFedAvg.load_state_dict: the state was taken with plan {state.get('plan')}, "
-                              f"not {plan}")
+            raise StlsgdError(
+                f"StlsgdFedAvg.load_state_dict: the state was taken with plan {state.get('plan')}, not {plan}"
+            )
         self.cursor = Cursor.from_dict(state["cursor"])
         self.averages = int(state["averages"])
         self.objective = state["objective"]
@@ -249,7 +264,6 @@ class StlsgdFedAvg(FedAvg):
 
 
 Batches = Iterable[tuple[torch.Tensor, torch.Tensor]] | Callable[[int], tuple[torch.Tensor, torch.Tensor]]
-
 
 
 def _batch_source(batches: Batches) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
@@ -267,8 +281,10 @@ def _batch_source(batches: Batches) -> Callable[[int], tuple[torch.Tensor, torch
             try:
                 return next(state["it"])
             except StopIteration:
-                raise StlsgdError("run_local_steps: the batches are empty (or an iterator that ran out: pass a "
-                                  "DataLoader, a list, or a function of the batch size)") from None
+                raise StlsgdError(
+                    "run_local_steps: the batches are empty (or an iterator that ran out: pass a "
+                    "DataLoader, a list, or a function of the batch size)"
+                ) from None
 
     return next_batch
 
@@ -281,16 +297,23 @@ def _anchor(model: nn.Module, config: dict[str, Scalar]) -> dict[str, torch.Tens
         arrays = unpack(config[PREFIX + "anchor"])  # type: ignore[arg-type]
         names = list(_floating(model).keys())
         if len(arrays) != len(names):
-            raise StlsgdError(f"run_local_steps: the anchor holds {len(arrays)} arrays, the model has {len(names)} "
-                              "floating parameters and buffers (exchange get_weights(model))")
+            raise StlsgdError(
+                f"run_local_steps: the anchor holds {len(arrays)} arrays, the model has {len(names)} "
+                "floating parameters and buffers (exchange get_weights(model))"
+            )
         sent = dict(zip(names, arrays))
         return {n: torch.as_tensor(sent[n]).to(p.device, p.dtype) for n, p in params.items()}
     return {n: p.detach().clone() for n, p in params.items()}
 
 
-def run_local_steps(model: nn.Module, batches: Batches, config: dict[str, Scalar], *,
-                    optimizer: torch.optim.Optimizer | None = None,
-                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> dict[str, Any]:
+def run_local_steps(
+    model: nn.Module,
+    batches: Batches,
+    config: dict[str, Scalar],
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+) -> dict[str, Any]:
     """Run exactly the round's ``stlsgd_steps`` local steps on ``model``, which must hold the global model just
     received (:func:`set_weights`).
 
@@ -302,8 +325,9 @@ def run_local_steps(model: nn.Module, batches: Batches, config: dict[str, Scalar
     received global model's) and ``last_loss``.
     """
     if PREFIX + "steps" not in config:
-        raise StlsgdError("run_local_steps: the fit config has no stlsgd_steps (is the server's strategy "
-                          "StlsgdFedAvg?)")
+        raise StlsgdError(
+            "run_local_steps: the fit config has no stlsgd_steps (is the server's strategy StlsgdFedAvg?)"
+        )
     steps = int(config[PREFIX + "steps"])  # type: ignore[arg-type]
     batch = int(config.get(PREFIX + "batch", 1))  # type: ignore[arg-type]
     if PREFIX + "lrs" in config:
@@ -351,27 +375,37 @@ class StlsgdClient(NumPyClient):
     :func:`run_local_steps` and returns :func:`get_weights`; ``evaluate`` reports the mean loss and accuracy over
     ``eval_batches`` (required for federated evaluation)."""
 
-    def __init__(self, model: nn.Module, batches: Batches, *, eval_batches: Iterable[Any] | None = None,
-                 optimizer: torch.optim.Optimizer | None = None,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        batches: Batches,
+        *,
+        eval_batches: Iterable[Any] | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+    ) -> None:
         self.model, self.batches, self.eval_batches = model, batches, eval_batches
         self.optimizer, self.loss_fn = optimizer, loss_fn
 
     def get_parameters(self, config: dict[str, Scalar]) -> list[np.ndarray]:
         return get_weights(self.model)
 
-    def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[list[np.ndarray], int,
-                                                                                     dict[str, Scalar]]:
+    def fit(
+        self, parameters: list[np.ndarray], config: dict[str, Scalar]
+    ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
         set_weights(self.model, parameters)
         out = run_local_steps(self.model, self.batches, config, optimizer=self.optimizer, loss_fn=self.loss_fn)
-        return get_weights(self.model), out["num_examples"], {PREFIX + "loss": out["loss"],
-                                                              PREFIX + "steps": out["steps"]}
+        return (
+            get_weights(self.model),
+            out["num_examples"],
+            {PREFIX + "loss": out["loss"], PREFIX + "steps": out["steps"]},
+        )
 
-    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[float, int,
-                                                                                          dict[str, Scalar]]:
+    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
         if self.eval_batches is None:
-            raise StlsgdError("StlsgdClient.evaluate: give the client eval_batches (or set the strategy's "
-                              "fraction_evaluate=0)")
+            raise StlsgdError(
+                "StlsgdClient.evaluate: give the client eval_batches (or set the strategy's fraction_evaluate=0)"
+            )
         set_weights(self.model, parameters)
         self.model.eval()
         total, correct, n = 0.0, 0, 0
@@ -395,12 +429,10 @@ class InProcessClientProxy(ClientProxy):
         self.node_id = int(cid) if cid.isdigit() else abs(hash(cid))
         self.client: Client = client.to_client() if isinstance(client, NumPyClient) else client
 
-    def get_properties(self, ins: GetPropertiesIns, timeout: float | None,
-                       group_id: int | None) -> GetPropertiesRes:
+    def get_properties(self, ins: GetPropertiesIns, timeout: float | None, group_id: int | None) -> GetPropertiesRes:
         return self.client.get_properties(ins)
 
-    def get_parameters(self, ins: GetParametersIns, timeout: float | None,
-                       group_id: int | None) -> GetParametersRes:
+    def get_parameters(self, ins: GetParametersIns, timeout: float | None, group_id: int | None) -> GetParametersRes:
         return self.client.get_parameters(ins)
 
     def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
@@ -413,8 +445,7 @@ class InProcessClientProxy(ClientProxy):
         return DisconnectRes(reason="")
 
 
-def run_in_process(strategy: FedAvg, clients: Sequence[Client | NumPyClient],
-                   num_rounds: int | None = None) -> History:
+def run_in_process(strategy: FedAvg, clients: Sequence[Client | NumPyClient], num_rounds: int | None = None) -> History:
     """Flower's own server loop (``flwr.server.Server.fit``) over ``clients`` called in this process: no ray, no
     sockets. ``num_rounds`` defaults to ``strategy.planned_rounds()`` for a :class:`StlsgdFedAvg`."""
     if num_rounds is None:
@@ -429,5 +460,15 @@ def run_in_process(strategy: FedAvg, clients: Sequence[Client | NumPyClient],
     return history
 
 
-__all__ = ["InProcessClientProxy", "StlsgdClient", "StlsgdFedAvg", "get_weights", "pack", "run_in_process",
-           "run_local_steps", "set_weights", "unpack", "weighted_means"]
+__all__ = [
+    "InProcessClientProxy",
+    "StlsgdClient",
+    "StlsgdFedAvg",
+    "get_weights",
+    "pack",
+    "run_in_process",
+    "run_local_steps",
+    "set_weights",
+    "unpack",
+    "weighted_means",
+]

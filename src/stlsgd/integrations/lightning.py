@@ -65,8 +65,14 @@ class StlsgdCallback(Callback):
     ``on_round`` is called on every process after each round's average with its :class:`~stlsgd.dropin.RoundStats`.
     The averager of the current fit is :attr:`averager`."""
 
-    def __init__(self, plan: Plan, *, sync_at_end: bool = True,
-                 on_round: Callable[[RoundStats], None] | None = None, **averager_options: Any) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        sync_at_end: bool = True,
+        on_round: Callable[[RoundStats], None] | None = None,
+        **averager_options: Any,
+    ) -> None:
         self.plan = plan
         self.sync_at_end = sync_at_end
         self.on_round = on_round
@@ -84,16 +90,22 @@ class StlsgdCallback(Callback):
         ddp = isinstance(strategy, DDPStrategy) and isinstance(strategy.model, DistributedDataParallel)
         single = isinstance(strategy, SingleDeviceStrategy) and "XLA" not in name
         if not (ddp or single):
-            raise StlsgdError(f"StlsgdCallback: the {name} strategy is not supported; stlsgd averages whole "
-                              "replicated models: use strategy='ddp' (or a single device)")
+            raise StlsgdError(
+                f"StlsgdCallback: the {name} strategy is not supported; stlsgd averages whole "
+                "replicated models: use strategy='ddp' (or a single device)"
+            )
         if not pl_module.automatic_optimization:
-            raise StlsgdError("StlsgdCallback: manual optimization is not supported (Lightning's DDP switches the "
-                              "gradient all-reduce back on after every training_step); use automatic optimization")
+            raise StlsgdError(
+                "StlsgdCallback: manual optimization is not supported (Lightning's DDP switches the "
+                "gradient all-reduce back on after every training_step); use automatic optimization"
+            )
         if len(trainer.optimizers) != 1:
-            raise StlsgdError(f"StlsgdCallback: needs exactly one optimizer, the module configures "
-                              f"{len(trainer.optimizers)}")
-        self.averager = PlanAverager(strategy.model, trainer.optimizers[0], self.plan, on_round=self.on_round,
-                                     **self.options)
+            raise StlsgdError(
+                f"StlsgdCallback: needs exactly one optimizer, the module configures {len(trainer.optimizers)}"
+            )
+        self.averager = PlanAverager(
+            strategy.model, trainer.optimizers[0], self.plan, on_round=self.on_round, **self.options
+        )
         if self._saved is not None:
             self.averager.load_state_dict(self._adopt(self._saved))
             self._saved = None
@@ -124,12 +136,18 @@ class StlsgdCallback(Callback):
         step = int(state.get("step") or 0)
         reasons = (["the middle of a round"] if step else []) + (
             ["optimizer_state='keep': the other ranks' momentum is not in the checkpoint"]
-            if self.averager.optimizer_state == "keep" else [])
+            if self.averager.optimizer_state == "keep"
+            else []
+        )
         if rank == 0 and reasons and max(world, int(state.get("world_size", 1))) > 1:
-            print(f"stlsgd: resuming from rank {state.get('rank')}'s checkpoint taken at step {step} of round "
-                  f"{state['cursor']['index'] + 1}: every process continues from that rank's model and optimizer "
-                  f"state ({'; '.join(reasons)}; not exact: checkpoint at round boundaries with "
-                  "optimizer_state='average' for an exact resume)", file=sys.stderr, flush=True)
+            print(
+                f"stlsgd: resuming from rank {state.get('rank')}'s checkpoint taken at step {step} of round "
+                f"{state['cursor']['index'] + 1}: every process continues from that rank's model and optimizer "
+                f"state ({'; '.join(reasons)}; not exact: checkpoint at round boundaries with "
+                "optimizer_state='average' for an exact resume)",
+                file=sys.stderr,
+                flush=True,
+            )
         if (state.get("rank"), state.get("world_size")) == (rank, world):
             return state
         return {**state, "rank": rank, "world_size": world}

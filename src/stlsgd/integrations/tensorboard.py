@@ -63,8 +63,9 @@ class RoundWriter:
     docstring). ``log_dir`` or an open ``writer``; ``all_ranks=True`` writes on every rank (give each its own
     ``log_dir``)."""
 
-    def __init__(self, log_dir: str | Path | None = None, *, writer: Any = None, prefix: str = "stlsgd/",
-                 all_ranks: bool = False) -> None:
+    def __init__(
+        self, log_dir: str | Path | None = None, *, writer: Any = None, prefix: str = "stlsgd/", all_ranks: bool = False
+    ) -> None:
         if (log_dir is None) == (writer is None):
             raise ValueError("RoundWriter: give log_dir or writer")
         self.prefix = prefix

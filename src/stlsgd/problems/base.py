@@ -38,7 +38,11 @@ class Problem(Protocol):
     param_names: list[str]
 
     def local_steps(
-        self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None,
+        self,
+        state: State,
+        rows: np.ndarray,
+        lrs: np.ndarray,
+        prox: tuple[float, State] | None,
         drift: State | None = None,
     ) -> None:
         """Run ``len(lrs)`` local SGD steps in place on every client held in ``state``.
@@ -64,8 +68,6 @@ class Problem(Protocol):
 class FusedSyncSteps(Protocol):
     """A problem that can take many k = 1 rounds in one call (a capability the simulator checks for)."""
 
-    def sync_steps(
-        self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None
-    ) -> None:
+    def sync_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> None:
         """``local_steps`` one step at a time with the average over the clients after each step, for clients
         that start equal: the same numbers as ``len(lrs)`` rounds of one step each."""

@@ -91,12 +91,14 @@ def _margins(W, indptr, indices, data, table, rows, out):  # pragma: no cover
             m3 += _term(w3, indices, data, table, p)
         out[i], out[i + 1], out[i + 2], out[i + 3] = m0, m1, m2, m3
         i += 4
-    for i in range(i, rows.shape[0]):
-        out[i] = _dot(W[i], indptr, indices, data, table, rows[i])
+    for j in range(i, rows.shape[0]):
+        out[j] = _dot(W[j], indptr, indices, data, table, rows[i])
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _local_steps(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, delta, n_blocks):  # pragma: no cover
+def _local_steps(
+    W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, delta, n_blocks
+):  # pragma: no cover
     """W[c] -= lr_t * (mini-batch loss gradient + lam W[c] + gamma_inv (W[c] - anchor) + delta[c]), every step t,
     client c (``delta`` None: no drift correction).
 
@@ -110,8 +112,9 @@ def _local_steps(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, 
 
 
 @numba.njit(cache=True, nogil=True)
-def _client_block(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, first, last,
-                  delta=None):  # pragma: no cover
+def _client_block(
+    W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, first, last, delta=None
+):  # pragma: no cover
     """Clients first..last-1 of :func:`_local_steps`.
 
     Without the proximal term the L2 shrink is kept as a per-client scale, and a drift correction delta[c]
@@ -172,7 +175,9 @@ def _client_block(W, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv,
 
 
 @numba.njit(cache=True, nogil=True)
-def _sync_steps(w, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, tmp, val, acc, common):  # pragma: no cover
+def _sync_steps(
+    w, indptr, indices, data, table, y, lam, rows, lrs, gamma_inv, anchor, tmp, val, acc, common
+):  # pragma: no cover
     """``len(lrs)`` rounds of one step each -- every client steps from the common model w, then w becomes
     the mean of the clients (SyncSGD, LB-SGD, CR-PSGD) -- with the same numbers, bit for bit, as
     :func:`_client_block` for one step followed by the canonical mean (clients added in order, then divided
@@ -272,8 +277,14 @@ class LogisticRegression:
     def init_state(self, num_clients: int, seed: int = 0) -> State:
         return {"w": np.zeros((num_clients, self.dim), dtype=np.float64)}
 
-    def local_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None,
-                    drift: State | None = None) -> None:
+    def local_steps(
+        self,
+        state: State,
+        rows: np.ndarray,
+        lrs: np.ndarray,
+        prox: tuple[float, State] | None,
+        drift: State | None = None,
+    ) -> None:
         W = state["w"]
         args = (W, *self._step_args(rows, lrs, prox))
         delta = None if drift is None else np.ascontiguousarray(drift["w"], dtype=np.float64)
@@ -298,9 +309,15 @@ class LogisticRegression:
     def _step_args(self, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None) -> tuple:
         """The kernels' arguments after the model: X, y, lambda, the rows, the lrs, 1/gamma and the anchor."""
         gamma_inv, anchor = (0.0, np.zeros(self.dim)) if prox is None else (prox[0], prox[1]["w"])
-        return (*self._rows, self.y, self.lam, np.ascontiguousarray(rows, dtype=np.int64),
-                np.ascontiguousarray(lrs, dtype=np.float64), float(gamma_inv),
-                np.ascontiguousarray(anchor, dtype=np.float64).reshape(-1))
+        return (
+            *self._rows,
+            self.y,
+            self.lam,
+            np.ascontiguousarray(rows, dtype=np.int64),
+            np.ascontiguousarray(lrs, dtype=np.float64),
+            float(gamma_inv),
+            np.ascontiguousarray(anchor, dtype=np.float64).reshape(-1),
+        )
 
     def loss(self, w: np.ndarray) -> float:
         margins = self.y * (self.X @ w)

@@ -69,8 +69,26 @@ class ResNet18(nn.Module):
         return self.linear(out)
 
 
-_VGG16_CFG: tuple[int | str, ...] = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
-                                     512, 512, 512, "M")
+_VGG16_CFG: tuple[int | str, ...] = (
+    64,
+    64,
+    "M",
+    128,
+    128,
+    "M",
+    256,
+    256,
+    256,
+    "M",
+    512,
+    512,
+    512,
+    "M",
+    512,
+    512,
+    512,
+    "M",
+)
 
 
 class VGG16(nn.Module):
@@ -107,8 +125,12 @@ class SmallCNN(nn.Module):
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28, width: int = 8) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, width, 5, stride=2, padding=2, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
-            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(2 * width), nn.ReLU(),
+            nn.Conv2d(in_channels, width, 5, stride=2, padding=2, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(),
         )
         # Both convolutions map a side of n to ceil(n / 2).
         side = (((image_size + 1) // 2) + 1) // 2

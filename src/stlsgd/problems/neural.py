@@ -126,8 +126,14 @@ class NeuralNetProblem:
         stats, self._sink = self._sink, {}
         return F.cross_entropy(logits, yb), stats
 
-    def local_steps(self, state: State, rows: np.ndarray, lrs: np.ndarray, prox: tuple[float, State] | None,
-                    drift: State | None = None) -> None:
+    def local_steps(
+        self,
+        state: State,
+        rows: np.ndarray,
+        lrs: np.ndarray,
+        prox: tuple[float, State] | None,
+        drift: State | None = None,
+    ) -> None:
         """``len(lrs)`` plain SGD steps on every client in ``state``; step t uses rows ``rows[t, c, :]``.
 
         With ``prox = (1/gamma, anchor)`` each step descends f + 1/(2 gamma)||x - x_s||^2 (Algorithm 3),

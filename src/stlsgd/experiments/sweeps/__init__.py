@@ -18,5 +18,17 @@ from stlsgd.experiments.sweeps.results import (
 from stlsgd.experiments.sweeps.scheduler import run_sweep
 from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, config_key, load_sweep
 
-__all__ = ["BEST", "RESULTS", "RunSpec", "Sweep", "best_of", "config_key", "current_records", "load_sweep",
-           "read_results", "run_sweep", "summarize_best", "write_best"]
+__all__ = [
+    "BEST",
+    "RESULTS",
+    "RunSpec",
+    "Sweep",
+    "best_of",
+    "config_key",
+    "current_records",
+    "load_sweep",
+    "read_results",
+    "run_sweep",
+    "summarize_best",
+    "write_best",
+]

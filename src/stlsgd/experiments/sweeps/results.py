@@ -16,9 +16,22 @@ BEST = "best.json"
 STATUSES = ("reached", "pruned", "budget", "diverged", "failed")
 
 # What a record copies from the run's summary; a config already run under another label reuses them.
-RESULT_FIELDS = ("status", "rounds_to_target", "iterations_to_target", "rounds", "iterations", "client_steps",
-                 "bytes_per_client", "final_gap", "final_objective", "final_accuracy", "num_samples", "wall_s",
-                 "run_dir", "error")
+RESULT_FIELDS = (
+    "status",
+    "rounds_to_target",
+    "iterations_to_target",
+    "rounds",
+    "iterations",
+    "client_steps",
+    "bytes_per_client",
+    "final_gap",
+    "final_objective",
+    "final_accuracy",
+    "num_samples",
+    "wall_s",
+    "run_dir",
+    "error",
+)
 
 
 def read_results(out: Path) -> list[dict[str, Any]]:
@@ -110,6 +123,7 @@ def describe(record: dict[str, Any]) -> str:
 
 def _closest(tried: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The run nearest the target (lowest final gap, else loss), kept for the figures of an unreached row."""
+
     def score(r: dict[str, Any]) -> float | None:
         return r["final_gap"] if r["final_gap"] is not None else r["final_objective"]
 
@@ -129,17 +143,42 @@ def summarize_best(sweep: Sweep, records: list[dict[str, Any]]) -> dict[str, Any
         counts: dict[str, int] = {s: sum(r["status"] == s for r in tried) for s in STATUSES}
         counts["planned"] = sum(s.label == label for s in sweep.grid)
         if best is None:
-            methods[label] = {"method": next((r["method"] for r in tried), None), "settings": None, "tried": counts,
-                              "closest": _closest(tried)}
+            methods[label] = {
+                "method": next((r["method"] for r in tried), None),
+                "settings": None,
+                "tried": counts,
+                "closest": _closest(tried),
+            }
             continue
         runs: dict[str, Any] = {}
         for seed in sweep.seeds:
-            rec = best if seed == best["seed"] else next(
-                (r for r in records if r["label"] == label and r["phase"] == "seed" and r["seed"] == seed
-                 and r["settings"] == best["settings"]), None)
+            rec = (
+                best
+                if seed == best["seed"]
+                else next(
+                    (
+                        r
+                        for r in records
+                        if r["label"] == label
+                        and r["phase"] == "seed"
+                        and r["seed"] == seed
+                        and r["settings"] == best["settings"]
+                    ),
+                    None,
+                )
+            )
             if rec is not None:
-                runs[str(seed)] = {k: rec.get(k) for k in ("status", "rounds_to_target", "iterations_to_target",
-                                                           "client_steps", "bytes_per_client", "run_dir")}
+                runs[str(seed)] = {
+                    k: rec.get(k)
+                    for k in (
+                        "status",
+                        "rounds_to_target",
+                        "iterations_to_target",
+                        "client_steps",
+                        "bytes_per_client",
+                        "run_dir",
+                    )
+                }
         reached = [v["rounds_to_target"] for v in runs.values() if v["status"] == "reached"]
         methods[label] = {
             "method": best["method"],
@@ -172,8 +211,9 @@ def summarize_best(sweep: Sweep, records: list[dict[str, Any]]) -> dict[str, Any
     }
 
 
-def write_best(out: Path, sweep: Sweep, records: list[dict[str, Any]], *, complete: bool,
-               wall_s: float | None = None) -> dict[str, Any]:
+def write_best(
+    out: Path, sweep: Sweep, records: list[dict[str, Any]], *, complete: bool, wall_s: float | None = None
+) -> dict[str, Any]:
     """Write OUT/best.json atomically; ``complete`` is False while grid or seed runs are still to come."""
     best = {**summarize_best(sweep, records), "complete": complete}
     if wall_s is not None:

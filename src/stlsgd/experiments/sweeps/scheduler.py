@@ -49,15 +49,18 @@ class Scheduler:
         for i, label in enumerate(sweep.labels):
             best = best_of(self.current, label) if sweep.prune else None
             self.bound[i] = best["rounds_to_target"] if best else NO_BOUND
-        self._pool_args = {"max_workers": jobs, "mp_context": ctx, "initializer": init_worker,
-                           "initargs": (self.bound, data_dir, jobs)}
+        self._pool_args = {
+            "max_workers": jobs,
+            "mp_context": ctx,
+            "initializer": init_worker,
+            "initargs": (self.bound, data_dir, jobs),
+        }
         self.pool = ProcessPoolExecutor(**self._pool_args)
         self.done_count = 0
         self.lost: dict[str, int] = {}  # key -> times its worker process died under it
 
     def _done(self, spec: RunSpec) -> bool:
-        return any(r["key"] == spec.key and r["label"] == spec.label and r["status"] != "failed"
-                   for r in self.records)
+        return any(r["key"] == spec.key and r["label"] == spec.label and r["status"] != "failed" for r in self.records)
 
     def _keep(self, record: dict[str, Any]) -> None:
         append_result(self.out, record)
@@ -77,8 +80,9 @@ class Scheduler:
         for spec in specs:
             if self._done(spec):
                 continue
-            prior = next((r for r in self.records if r["key"] == spec.key and r["status"] not in ("failed", "pruned")),
-                         None)
+            prior = next(
+                (r for r in self.records if r["key"] == spec.key and r["status"] not in ("failed", "pruned")), None
+            )
             if prior is not None:  # the same config already ran under another label: reuse its result
                 self._keep({**make_record(spec, None, None), **{k: prior.get(k) for k in RESULT_FIELDS}})
                 continue
@@ -106,7 +110,7 @@ class Scheduler:
                     summary, error = None, "its worker process died twice (killed, or out of memory?)"
                 except StlsgdError as exc:  # a run's own input error: one line, recorded
                     summary, error = None, str(exc)
-                except Exception as exc:  # a worker error is recorded; the sweep goes on
+                except Exception as exc:  # noqa: BLE001 -- a worker error is recorded; the sweep goes on
                     summary, error = None, "".join(traceback.format_exception(exc))[-2000:]
                 for spec in group:
                     self._keep(make_record(spec, summary, error))
@@ -114,8 +118,11 @@ class Scheduler:
     def _submit(self, group: list[RunSpec]) -> Future:
         # Seed reruns are the reported figures: never cut short. A config shared by several labels is
         # hopeless only once it is hopeless for all of them.
-        slots = [] if group[0].phase == "seed" or not self.sweep.prune else sorted(
-            {self.sweep.labels.index(s.label) for s in group})
+        slots = (
+            []
+            if group[0].phase == "seed" or not self.sweep.prune
+            else sorted({self.sweep.labels.index(s.label) for s in group})
+        )
         task = {"config": group[0].config, "out": str(self.out / "runs" / group[0].key), "slots": slots}
         return self.pool.submit(execute, task)
 
@@ -123,8 +130,16 @@ class Scheduler:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def run_sweep(config: str | Path, out: Path | None = None, *, jobs: int | None = None, data_dir: str | None = None,
-              quiet: bool = False, only: list[str] | None = None, limit: int | None = None) -> dict[str, Any]:
+def run_sweep(
+    config: str | Path,
+    out: Path | None = None,
+    *,
+    jobs: int | None = None,
+    data_dir: str | None = None,
+    quiet: bool = False,
+    only: list[str] | None = None,
+    limit: int | None = None,
+) -> dict[str, Any]:
     """Run (or continue) a sweep; returns the content written to ``OUT/best.json``."""
     if jobs is not None and jobs < 1:
         raise StlsgdError(f"--jobs: must be >= 1, got {jobs}")
@@ -138,8 +153,10 @@ def run_sweep(config: str | Path, out: Path | None = None, *, jobs: int | None =
         out.mkdir(parents=True, exist_ok=True)
         lock = lock_directory(out)
     except LockedError as err:
-        raise StlsgdError(f"{out}: another stlsgd sweep (pid {err.holder}) is writing here; wait for it to end "
-                          "or choose another --out") from None
+        raise StlsgdError(
+            f"{out}: another stlsgd sweep (pid {err.holder}) is writing here; wait for it to end "
+            "or choose another --out"
+        ) from None
     except OSError as err:
         raise StlsgdError(f"{out}: cannot write the sweep here ({err.strerror or err}); choose another --out") from None
     try:
@@ -173,7 +190,9 @@ def _run(sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool) 
             if info.get("median") is None:
                 print(f"{label}: did not reach the target ({info['tried']})")
             else:
-                print(f"{label}: median {info['median']} rounds (range {info['min']}-{info['max']}, "
-                      f"{info['seeds_reached']}/{len(sweep.seeds)} seeds) with {info['settings']}")
+                print(
+                    f"{label}: median {info['median']} rounds (range {info['min']}-{info['max']}, "
+                    f"{info['seeds_reached']}/{len(sweep.seeds)} seeds) with {info['settings']}"
+                )
         print(f"sweep {sweep.name}: {best['wall_s']:.1f} s; results in {out}/ ({RESULTS}, {BEST}, runs/)")
     return best

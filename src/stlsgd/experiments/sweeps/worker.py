@@ -65,7 +65,8 @@ def execute(task: dict[str, Any]) -> dict[str, Any]:
             return "pruned"
         return None
 
-    summary = run_experiment(exp, Path(task["out"]), built=built, overwrite=True, progress=False, on_round=on_round,
-                             keep_params=False)
+    summary = run_experiment(
+        exp, Path(task["out"]), built=built, overwrite=True, progress=False, on_round=on_round, keep_params=False
+    )
     assert summary is not None
     return {**summary, "num_samples": built.dataset.n}
