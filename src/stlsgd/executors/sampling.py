@@ -31,7 +31,7 @@ class Sampler:
         return self.partition.rows[self._starts + local]
 
     def get_state(self) -> dict[str, Any]:
-        return self.rng.bit_generator.state
+        return dict(self.rng.bit_generator.state)
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state

@@ -70,7 +70,13 @@ class RoundWriter:
             raise ValueError("RoundWriter: give log_dir or writer")
         self.prefix = prefix
         active = all_ranks or not dist.is_initialized() or dist.get_rank() == 0
-        self.writer = (writer if writer is not None else open_writer(log_dir)) if active else None
+        if not active:
+            self.writer = None
+        elif writer is not None:
+            self.writer = writer
+        else:
+            assert log_dir is not None  # one of the two, checked above
+            self.writer = open_writer(log_dir)
         self._loss: float | None = None
         self._gap: float | None = None
 

@@ -97,8 +97,9 @@ class NeuralNetProblem:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             for module in self._cpu_model.modules():
-                if module is not self._cpu_model and hasattr(module, "reset_parameters"):
-                    module.reset_parameters()
+                reset = getattr(module, "reset_parameters", None)
+                if module is not self._cpu_model and callable(reset):
+                    reset()
         state: State = {}
         named = dict(self._cpu_model.named_parameters()) | dict(self._cpu_model.named_buffers())
         for name in self.param_names + self.buffer_names:
@@ -176,6 +177,7 @@ class NeuralNetProblem:
             if tracked is not None:
                 tracked.add_(1)
             if module.momentum is None:  # cumulative moving average, as nn.BatchNorm2d
+                assert tracked is not None  # momentum None needs the count (track_running_stats)
                 factor: Any = (1.0 / tracked.to(mean.dtype)).view(-1, 1)
             else:
                 factor = module.momentum
