@@ -235,7 +235,10 @@ def draw_panels(
             ax.set_ylabel(panel.ylabel)
             ax.grid(True, which="major", alpha=0.3)
             if not drawn:
-                ax.text(0.5, 0.5, "no curve to draw", transform=ax.transAxes, ha="center", color="grey")
+                text = "none of these rows has metrics" if panel.curves else "no run metrics in the sweep directory"
+                ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", color="grey")
+            else:
+                _mark_best(ax, [by_label[lab] for lab in labels if lab in by_label], panel.target, vline, log_x)
     handles: list[Any] = []
     for _, labels in groups:
         for label in labels:
@@ -277,6 +280,55 @@ def save(fig: Figure, path: Path) -> Path:
 def _positive(xs: list[float], ys: list[float], log_x: bool) -> list[tuple[float, float]]:
     points = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y) and y > 0]
     return [(x, y) for x, y in points if x > 0] if log_x else points
+
+
+def _mark_best(
+    ax: Axes, curves: list[Curve], target: float | None, vline: tuple[float, str] | None, log_x: bool
+) -> None:
+    """Name the panel's best curve where a reader looks for it: with ``vline`` the lowest curve at that x
+    (the fastest row at the network's latency), else with a ``target`` the first curve to reach it."""
+    best: tuple[float, float, str] | None = None  # (key, y, label) where key is what is minimised
+    for c in curves:
+        points = sorted(_positive(c.x, c.y, log_x))
+        if vline is not None:
+            y = _interpolate(points, vline[0], log_x)
+            if y is not None and (best is None or y < best[0]):
+                best = (y, y, c.label)
+        elif target is not None:
+            hit = next(((x, y) for x, y in points if y <= target), None)
+            if hit is not None and (best is None or hit[0] < best[0]):
+                best = (hit[0], hit[1], c.label)
+    if best is None:
+        return
+    x = vline[0] if vline is not None else best[0]
+    what = "fastest here" if vline is not None else "first to the target"
+    ax.plot([x], [best[1]], marker="*", markersize=13, color="gold", markeredgecolor="black", zorder=5)
+    x0, x1 = ax.get_xlim()  # after autoscaling: the name goes on the side of the star with more room
+    scale = math.log if log_x else float
+    right = (scale(x) - scale(x0)) / ((scale(x1) - scale(x0)) or 1.0) < 0.55
+    ax.annotate(
+        f"{what}:\n{best[2]}",
+        (x, best[1]),
+        xytext=(8 if right else -8, -6),
+        textcoords="offset points",
+        fontsize=7,
+        fontweight="bold",
+        ha="left" if right else "right",
+        va="top",
+        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8},
+        zorder=5,
+    ).set_in_layout(False)
+
+
+def _interpolate(points: list[tuple[float, float]], x: float, log_x: bool) -> float | None:
+    """y at ``x`` on a curve given by sorted points (log-linear in y; log in x on a log axis), None outside."""
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            if x1 == x0:
+                return y0
+            u = (math.log(x / x0) / math.log(x1 / x0)) if log_x else (x - x0) / (x1 - x0)
+            return math.exp(math.log(y0) + u * (math.log(y1) - math.log(y0)))
+    return None
 
 
 def pareto_front(points: list[Point]) -> list[Point]:
@@ -366,7 +418,7 @@ def _nice_times(low: float, high: float) -> list[float]:
     for e in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1):
         for m in (1, 2, 5):
             t = m * 10.0**e
-            if low * 1.15 < t < high:
+            if low * 1.5 < t < high:  # not too near the fastest row's own line
                 out.append(t)
     while len(out) > 5:  # keep the picture readable: every other line
         out = out[::2]
