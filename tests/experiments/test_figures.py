@@ -224,8 +224,7 @@ def test_compute_figure_with_a_network_draws_lines_of_equal_predicted_time() -> 
     # A round costs 1 ms, a client-step 1 us: SyncSGD 100.1 s, Local SGD 0.3 s, STL 1.01 s -> Local SGD fastest.
     round_s, step_s = 1e-3, 1e-6
     points = [
-        Point(p.label, p.client_steps, p.rounds, p.method, p.rounds * round_s + p.client_steps * step_s)
-        for p in POINTS
+        Point(p.label, p.client_steps, p.rounds, p.method, p.rounds * round_s + p.client_steps * step_s) for p in POINTS
     ]
     panel = PointPanel("a9a (IID)", points, round_s=round_s, step_s=step_s, network="datacenter")
     fig = draw_points([panel])

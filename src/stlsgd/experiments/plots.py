@@ -306,15 +306,17 @@ def _mark_best(
     x0, x1 = ax.get_xlim()  # after autoscaling: the name goes on the side of the star with more room
     scale = math.log if log_x else float
     right = (scale(x) - scale(x0)) / ((scale(x1) - scale(x0)) or 1.0) < 0.55
+    y0, y1 = ax.get_ylim()
+    low = math.log(best[1] / y0) / (math.log(y1 / y0) or 1.0) < 0.3  # near the bottom: the name goes above
     ax.annotate(
         f"{what}:\n{best[2]}",
         (x, best[1]),
-        xytext=(8 if right else -8, -6),
+        xytext=(8 if right else -8, 6 if low else -6),
         textcoords="offset points",
         fontsize=7,
         fontweight="bold",
         ha="left" if right else "right",
-        va="top",
+        va="bottom" if low else "top",
         bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8},
         zorder=5,
     ).set_in_layout(False)
@@ -374,7 +376,8 @@ def draw_points(panels: list[PointPanel]) -> Figure:
         fastest = min(timed, key=lambda p: p.time_s or 0.0) if timed else None
         if panel.round_s and panel.step_s and fastest is not None and fastest.time_s:
             any_iso = True
-            _iso_time_lines(ax, panel.round_s, panel.step_s, fastest.time_s, max(p.time_s or 0 for p in timed))
+            slowest = max(p.time_s or 0 for p in timed)
+            _iso_time_lines(ax, panel.round_s, panel.step_s, fastest.time_s, slowest, points)
         for p in points:
             s = look[p.label]
             drift = has_drift(p.label)
@@ -425,14 +428,20 @@ def _nice_times(low: float, high: float) -> list[float]:
     return out
 
 
-def _iso_time_lines(ax: Axes, round_s: float, step_s: float, fastest_s: float, slowest_s: float) -> None:
+def _iso_time_lines(
+    ax: Axes, round_s: float, step_s: float, fastest_s: float, slowest_s: float, points: list[Point]
+) -> None:
     """Lines rounds * round_s + client_steps * step_s = T: the fastest row's T, and round times up to the
     slowest row's. A point below and left of a line is faster than the line's T."""
     (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    to_frac = ax.transData + ax.transAxes.inverted()  # axes fractions do not move when the layout does
+    marks = [to_frac.transform((p.client_steps, p.rounds)) for p in points]
     xs = [x0 * (x1 / x0) ** (i / 200) for i in range(201)]
+    rs = [y0 / 2 * (2 * y1 / (y0 / 2)) ** (i / 200) for i in range(201)]
     for t in [fastest_s, *_nice_times(fastest_s, slowest_s * 1.05)]:
-        line = [(x, (t - x * step_s) / round_s) for x in xs]
-        line = [(x, r) for x, r in line if r > y0 / 2]
+        # Sampled along both axes: where computation dominates the line is near vertical on a log plot.
+        line = [(x, (t - x * step_s) / round_s) for x in xs] + [((t - r * round_s) / step_s, r) for r in rs]
+        line = sorted((x, r) for x, r in line if r > y0 / 2 and x > 0)
         if len(line) < 2:
             continue
         bold = t == fastest_s
@@ -443,10 +452,16 @@ def _iso_time_lines(ax: Axes, round_s: float, step_s: float, fastest_s: float, s
             linewidth=1.1 if bold else 0.8,
             zorder=2,
         )
-        # The label where the line is still inside the axes, towards its right end.
-        visible = [(x, r) for x, r in line if y0 < r < y1 and x0 < x < x1]
+        # The label on the line inside the axes, away from the points, towards the line's right end.
+        inside = [(x, r, *to_frac.transform((x, r))) for x, r in line]
+        visible = [(x, r, fx, fy) for x, r, fx, fy in inside if 0.08 < fx < 0.97 and 0.03 < fy < 0.93]
         if visible:
-            x, r = visible[int(len(visible) * 0.93)]
+            room = [
+                min(min((math.hypot(fx - mx, fy - my) for mx, my in marks), default=1.0), 0.08)
+                + 0.01 * i / len(visible)
+                for i, (_, _, fx, fy) in enumerate(visible)
+            ]
+            x, r, _, _ = visible[room.index(max(room))]
             ax.annotate(
                 duration(t),
                 (x, r),
@@ -493,7 +508,7 @@ def _label_points(fig: Figure, ax: Axes, points: list[Point], fastest: Point | N
     for p in points:
         cx, cy = ax.transData.transform((p.client_steps, p.rounds))
         marks.append(Bbox.from_extents(cx - 6, cy - 6, cx + 6, cy + 6))
-    placed: list[Bbox] = []
+    placed = [t.get_window_extent(renderer) for t in ax.texts]  # e.g. the iso-time lines' labels
     for p in sorted(points, key=lambda p: (p.rounds, p.client_steps)):  # a stable order
         text = p.label + (f"\n{p.time_text}" if p.time_text else "")
         weight = "bold" if p is fastest else "normal"
@@ -510,7 +525,7 @@ def _label_points(fig: Figure, ax: Axes, points: list[Point], fastest: Point | N
                 fontsize=7,
                 fontweight=weight,
             )
-            box = probe.get_window_extent(renderer)
+            box = probe.get_window_extent(renderer).padded(2)  # a little air between labels
             probe.remove()
             cost = sum(_overlap(box, other) for other in placed + marks)
             cost += 4 * (box.width * box.height - _overlap(box, frame))  # outside the axes: worse
