@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from matplotlib.figure import Figure
 
+from stlsgd.costmodel import Network
 from stlsgd.errors import ConfigError
 from stlsgd.experiments.plots import (
     FAMILY_COLOURS,
@@ -25,7 +26,7 @@ from stlsgd.experiments.plots import (
     pareto_front,
 )
 from stlsgd.experiments.sweeps import load_sweep
-from stlsgd.experiments.time_report import default_title, sweep_title
+from stlsgd.experiments.time_report import compute_panels, default_title, sweep_title
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -239,3 +240,42 @@ def test_compute_figure_with_a_network_draws_lines_of_equal_predicted_time() -> 
     assert bold == ["Local SGD"]
     assert any("datacenter" in t.get_text() for t in fig.legends[0].get_texts())
     _legend_outside(fig)
+
+
+def test_compute_panels_price_each_row_and_the_lines_by_hand() -> None:
+    """A sweep's rows become points at their median usage; the lines' round cost is alpha + model bytes / beta
+    (the drift row sends twice the bytes a round, so the model's bytes are the smallest bytes per round)."""
+
+    def row(method: str, rounds: int, steps: int, per_round: int) -> dict:
+        seed = {"status": "reached", "rounds_to_target": rounds, "client_steps": steps}
+        return {"method": method, "seeds": {"0": {**seed, "bytes_per_client": rounds * per_round}}}
+
+    best = {
+        "sweep": "probe",
+        "config": "nowhere.toml",
+        "dataset": "mnist49",
+        "partition": "noniid",
+        "methods": {
+            "Local SGD": row("local_sgd", 100, 40_000, 1000),
+            "Local SGD + drift": row("local_sgd", 20, 50_000, 2000),
+            "SyncSGD": row("sync_sgd", 5000, 5000, 1000),
+            "LB-SGD": {"method": "lb_sgd", "seeds": {"0": {"status": "budget"}}},
+        },
+    }
+    # alpha 1 ms, beta 1e6 B/s, c 1 us: a round of the model's 1000 bytes costs 1 ms + 1 ms.
+    net = Network(1e-3, 1e6, 1e-6, "probe-net")
+    (panel,) = compute_panels([best], net)
+    assert panel.title == "MNIST 4 vs 9 (Non-IID)"
+    assert panel.round_s == pytest.approx(2e-3) and panel.step_s == 1e-6
+    times = {p.label: p.time_s for p in panel.points}
+    assert times == pytest.approx(
+        {
+            "Local SGD": 100 * 2e-3 + 40_000e-6,  # 0.24 s
+            "Local SGD + drift": 20 * 1e-3 + 20 * 2000 / 1e6 + 50_000e-6,  # 0.11 s
+            "SyncSGD": 5000 * 2e-3 + 5000e-6,  # 10.005 s
+        }
+    )
+    assert [p.time_text for p in panel.points] == ["240 ms", "110 ms", "10 s"]
+    # Without a network: points only, no times, no lines.
+    (bare,) = compute_panels([best])
+    assert bare.round_s is None and all(p.time_s is None for p in bare.points) and len(bare.points) == 3

@@ -227,6 +227,11 @@ def compute_figure(sweeps: list[dict[str, Any]], path: Path, network: Network | 
     """Rounds to target against client-steps to target (the computation each saved round costs), log-log,
     each row a labelled point, the Pareto front drawn; with a ``network`` (and its step cost) each row's
     predicted time and the lines of equal predicted time, rounds * (alpha + model bytes / beta) + steps * c."""
+    return points_figure(compute_panels(sweeps, network), path)
+
+
+def compute_panels(sweeps: list[dict[str, Any]], network: Network | None = None) -> list[PointPanel]:
+    """The panels of :func:`compute_figure`: one per sweep, one point per row that reached the target."""
     panels = []
     for best in sweeps:
         panel = PointPanel(sweep_title(best))
@@ -246,7 +251,7 @@ def compute_figure(sweeps: list[dict[str, Any]], path: Path, network: Network | 
             panel.step_s = network.step_s
             panel.network = f"{network.name} (step {duration(network.step_s or 0)})"
         panels.append(panel)
-    return points_figure(panels, path)
+    return panels
 
 
 def _seconds(s: float) -> str:
