@@ -27,6 +27,7 @@ from stlsgd.experiments.time_report import (
     crossovers,
     latency_figure,
     row_usages,
+    sweep_title,
     time_cells,
     time_selected,
 )
@@ -203,7 +204,7 @@ def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
     for sweep in sweeps:
         has_gap = sweep.get("target_gap") is not None
         panel = Panel(
-            sweep["sweep"],
+            sweep_title(sweep),
             "objective gap f(x) - f*" if has_gap else "training loss",
             target=sweep.get("target_gap") if has_gap else None,
         )
@@ -218,7 +219,7 @@ def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
                 continue
             y_key = "gap" if has_gap and rows[0].get("gap") is not None else "objective"
             xs = [_x(r, x_key, sweep) for r in rows]
-            panel.curves.append(Curve(label, xs, [r.get(y_key) for r in rows]))
+            panel.curves.append(Curve(label, xs, [r.get(y_key) for r in rows], info.get("method") or ""))
         panels.append(panel)
     return panels
 
@@ -324,7 +325,7 @@ def write_report(
     epochs = panels_figure(
         _panels(sweeps, "epochs"), "epochs (samples by all clients / n)", out / f"{prefix}_epochs.png", log_x=True
     )
-    written = [md, csv_path, rounds, epochs, compute_figure(sweeps, out / f"{prefix}_compute.png")]
+    written = [md, csv_path, rounds, epochs, compute_figure(sweeps, out / f"{prefix}_compute.png", network)]
     if network is not None:
         written.append(latency_figure(sweeps, network, out / f"{prefix}_latency.png"))
     return written

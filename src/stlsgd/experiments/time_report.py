@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from stlsgd.costmodel import Network, Usage, crossover_latency, predict
+from stlsgd.errors import StlsgdError
 from stlsgd.experiments.build import model_bytes_for, plan_context
-from stlsgd.experiments.config import Experiment
-from stlsgd.experiments.plots import Curve, Panel, panels_figure
+from stlsgd.experiments.config import Experiment, read_raw
+from stlsgd.experiments.plots import Curve, Panel, Point, PointPanel, duration, panels_figure, points_figure
 
 
 @dataclass(frozen=True)
@@ -161,35 +162,96 @@ def time_selected(best: dict[str, Any], records: list[dict[str, Any]], network: 
     return cells
 
 
+# What the paper calls its datasets (Section 5); a name not here is shown as it is.
+DATASET_NAMES = {
+    "a9a": "a9a",
+    "mnist49": "MNIST 4 vs 9",
+    "mnist10": "MNIST",
+    "cifar10": "CIFAR-10",
+    "cifar10-png200": "CIFAR-10 (200 images)",
+    "digits49": "digits 4 vs 9",
+}
+PARTITION_NAMES = {
+    "shared": "IID",
+    "split": "IID, fixed split",
+    "noniid": "Non-IID",
+    "dirichlet": "Non-IID, Dirichlet",
+}
+
+
+def default_title(dataset: str | None, partition: str | None) -> str:
+    """'a9a (IID)', 'MNIST 4 vs 9 (Non-IID)': the dataset and partition as the paper names its columns."""
+    name = DATASET_NAMES.get(dataset or "", Path(dataset).stem if dataset else "sweep")
+    return f"{name} ({PARTITION_NAMES.get(partition or '', partition)})" if partition else name
+
+
+def sweep_title(best: dict[str, Any]) -> str:
+    """A sweep's panel title: best.json's ``title``, else the ``title`` of its sweep file (when that file is
+    found and still names this sweep), else :func:`default_title` of its dataset and partition."""
+    if best.get("title"):
+        return str(best["title"])
+    source = _sweep_file(best)
+    if source is not None:
+        try:
+            raw = read_raw(source)
+        except (StlsgdError, OSError):
+            raw = {}
+        title = raw.get("title")
+        if raw.get("name") == best.get("sweep") and isinstance(title, str) and title.strip():
+            return title.strip()
+    return default_title(best.get("dataset"), best.get("partition"))
+
+
 def latency_figure(sweeps: list[dict[str, Any]], network: Network, path: Path) -> Path:
-    """Predicted time to target against the round latency, one panel per sweep, one line per row (log-log)."""
+    """Predicted time to target against the round latency, one column of panels per sweep, one line per row
+    (log-log), the network's own latency marked."""
     latencies = [10 ** (e / 4) for e in range(-24, 5)]  # 1 us .. 10 s
     panels = []
     for best in sweeps:
-        panel = Panel(
-            f"{best['sweep']}\n(bandwidth {network.bandwidth_Bps * 8 / 1e9:g} Gbit/s, step "
-            f"{_seconds(network.step_s or 0)})",
-            "time to target (s)",
-        )
+        panel = Panel(sweep_title(best), "time to target (s)")
         for row in row_usages(best):
             if row.usage is None:
                 continue
             ys = [predict(*row.usage, Network(a, network.bandwidth_Bps, network.step_s)).total_s for a in latencies]
-            panel.curves.append(Curve(row.label, latencies, ys))
+            panel.curves.append(Curve(row.label, latencies, ys, row.method))
         panels.append(panel)
-    return panels_figure(panels, "latency per round (s)", path, log_x=True)
+    note = (
+        f"Predicted time to target at bandwidth {network.bandwidth_Bps * 8 / 1e9:g} Gbit/s and "
+        f"{duration(network.step_s or 0)} a client-step (lower is faster)"
+    )
+    vline = (network.latency_s, f"{network.name} latency ({duration(network.latency_s)})")
+    return panels_figure(panels, "latency per round (s)", path, log_x=True, vline=vline, note=note)
 
 
-def compute_figure(sweeps: list[dict[str, Any]], path: Path) -> Path:
-    """Rounds to target against client-steps to target (the computation each saved round costs), log-log."""
+def compute_figure(sweeps: list[dict[str, Any]], path: Path, network: Network | None = None) -> Path:
+    """Rounds to target against client-steps to target (the computation each saved round costs), log-log,
+    each row a labelled point, the Pareto front drawn; with a ``network`` (and its step cost) each row's
+    predicted time and the lines of equal predicted time, rounds * (alpha + model bytes / beta) + steps * c."""
+    return points_figure(compute_panels(sweeps, network), path)
+
+
+def compute_panels(sweeps: list[dict[str, Any]], network: Network | None = None) -> list[PointPanel]:
+    """The panels of :func:`compute_figure`: one per sweep, one point per row that reached the target."""
     panels = []
     for best in sweeps:
-        panel = Panel(best["sweep"], "rounds to target")
-        for row in row_usages(best):
-            if row.usage is not None:
-                panel.curves.append(Curve(row.label, [row.usage.client_steps], [row.usage.rounds]))
+        panel = PointPanel(sweep_title(best))
+        rows = [r for r in row_usages(best) if r.usage is not None]
+        priced = network is not None and network.step_s is not None
+        for row in rows:
+            assert row.usage is not None
+            t = predict(*row.usage, network).total_s if priced and network is not None else None
+            panel.points.append(
+                Point(row.label, row.usage.client_steps, row.usage.rounds, row.method, t, duration(t) if t else "")
+            )
+        if priced and network is not None and rows:
+            # One line serves every row: a round costs the model's bytes (rows with drift correction send twice
+            # that, so their point lies a little optimistic against the lines; their label holds their own time).
+            per_round = min(r.usage.bytes_per_client / r.usage.rounds for r in rows if r.usage and r.usage.rounds)
+            panel.round_s = network.latency_s + per_round / network.bandwidth_Bps
+            panel.step_s = network.step_s
+            panel.network = f"{network.name} (step {duration(network.step_s or 0)})"
         panels.append(panel)
-    return panels_figure(panels, "client-steps to target (samples per client)", path, log_x=True, markers=True)
+    return panels
 
 
 def _seconds(s: float) -> str:

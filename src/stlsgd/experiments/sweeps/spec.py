@@ -4,6 +4,7 @@ A sweep file holds a base experiment (the ``stlsgd run`` schema: data/problem/al
 a grid and optional fixed fields::
 
     name = "table2_a9a_iid"
+    title = "a9a (IID)"       # the figures' panel title (default: dataset and partition)
     seeds = [0, 1, 2]
     [base.data]
     dataset = "a9a"
@@ -56,6 +57,8 @@ class SweepSpec(StrictModel):
     """A sweep file: base experiment, per-method grids and the seeds used to rerun each best setting."""
 
     name: str
+    # The figures' panel title, as the paper names its columns ("a9a (IID)"); default: dataset and partition.
+    title: str | None = Field(default=None, min_length=1, max_length=80, pattern=r"^[^\n]*$")
     seeds: list[Annotated[int, Field(ge=0, lt=2**63)]] = Field(default_factory=lambda: [0])
     prune: bool = True
     base: dict[str, Any] = Field(default_factory=dict)
@@ -96,6 +99,7 @@ class Sweep:
     labels: list[str]
     grid: list[RunSpec]
     base: dict[str, Any] = field(default_factory=dict)
+    title: str | None = None
 
 
 def _set_path(raw: dict[str, Any], key: str, value: Any) -> None:
@@ -185,4 +189,4 @@ def load_sweep(path: str | Path, *, only: list[str] | None = None, limit: int | 
     grid = list(_interleave(per_label))
     for order, run_spec in enumerate(grid):
         run_spec.order = order
-    return Sweep(spec.name, path, spec.seeds, spec.prune, labels, grid, base)
+    return Sweep(spec.name, path, spec.seeds, spec.prune, labels, grid, base, spec.title)
