@@ -6,8 +6,11 @@ Importing this package registers every method (:mod:`stlsgd.algorithms.registry`
 from stlsgd.algorithms.baselines import CRPSGD, LBSGD, LocalSGD, SyncSGD
 from stlsgd.algorithms.plan import NO_FEEDBACK, Cosine, Cursor, Feedback, InverseTime, Plan, Round, StepDecay
 from stlsgd.algorithms.registry import REGISTRY, MethodConfig, PlanContext
+from stlsgd.algorithms.stl_sgd import STLSGD, first_stage_length
+
+# isort: split
+# The paper's methods register first (the registry's order is the order `stlsgd methods` lists them in).
 from stlsgd.algorithms.schedules import QSR, AdaComm, LRCoupled, PostLocalSGD
-from stlsgd.algorithms.stl_sgd import STLSGD, first_stage_length  # noqa: I001 - the paper's methods register first
 
 __all__ = [
     "CRPSGD",
