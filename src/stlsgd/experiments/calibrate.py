@@ -152,6 +152,10 @@ def calibrate(exp: Experiment, out: Path, data_dir: str | None = None) -> Networ
 
     if out.exists() and out.is_dir():
         raise StlsgdError(f"{out}: is a directory; --out names the profile file to write")
+    folder = out.parent
+    if not folder.is_dir():  # checked before the measuring (tens of seconds), not after
+        what = "is not a directory" if folder.exists() else "does not exist"
+        raise StlsgdError(f"{out}: its folder {folder} {what}; create it or choose another --out")
     model_bytes = model_bytes_for(exp) or 8 * 1024
     if distributed.launched() or dist.is_initialized():
         job = distributed.join()

@@ -7,10 +7,13 @@ good setting per method (eta_1 = N/10; alpha and k picked from the paper's grids
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from stlsgd.errors import StlsgdError
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
+from stlsgd.files import refuse_links
 
 BASE = {
     "data": {"dataset": "digits49", "num_clients": 16, "partition": "shared"},
@@ -23,8 +26,30 @@ METHODS = {
 }
 
 
-def demo(out: Path, progress: bool = True) -> list[dict]:
-    """Run the three methods, print a rounds-to-target table and write ``out/demo.png``."""
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse, before anything is written, an ``out`` that is a file, holds a symbolic link, or already holds
+    one of the demo's runs (unless ``overwrite``): the demo replaces its runs, and asks first."""
+    if out.exists() and not out.is_dir():
+        raise StlsgdError(f"{out}: exists and is not a directory; choose another --out")
+    if not out.is_dir():
+        return
+    refuse_links(out)
+    if overwrite:
+        return
+    for algorithm in METHODS.values():
+        run_dir = out / algorithm["method"]
+        if run_dir.is_dir() and any(p.name != ".stlsgd.lock" for p in run_dir.iterdir()):
+            raise StlsgdError(
+                f"{run_dir}: already holds a run; pass --overwrite to replace the demo's runs, or choose another --out"
+            )
+
+
+def demo(out: Path, progress: bool = True, overwrite: bool = False) -> list[dict]:
+    """Run the three methods, print a rounds-to-target table and write ``out/demo.png``.
+
+    Runs already in ``out`` are replaced only with ``overwrite``; an ``out`` holding a symbolic link is refused.
+    """
+    check_out(out, overwrite)
     summaries = []
     for label, algorithm in METHODS.items():
         exp = Experiment.model_validate({**BASE, "name": f"demo-{algorithm['method']}", "algorithm": algorithm})
@@ -49,4 +74,11 @@ def _plot(out: Path, summaries: list[dict]) -> Path:
     for s in summaries:
         points = read_jsonl(out / s["method"] / "metrics.jsonl")
         panel.curves.append(Curve(s["label"], [p["round"] for p in points], [p["gap"] for p in points]))
-    return panels_figure([panel], "communication rounds", out / "demo.png", log_x=True)
+    # Drawn under a fresh name and renamed over demo.png: a link there is replaced, never written through.
+    tmp = out / f".demo.{os.getpid()}.png"
+    try:
+        panels_figure([panel], "communication rounds", tmp, log_x=True)
+        os.replace(tmp, out / "demo.png")
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out / "demo.png"

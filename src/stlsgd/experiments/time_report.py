@@ -30,6 +30,7 @@ class RowUsage:
     method: str
     usage: Usage | None
     seeds: int
+    unpriced: int = 0  # seeds that reached the target but whose client-steps and bytes are neither recorded nor rebuilt
 
 
 def _sweep_file(best: dict[str, Any]) -> Path | None:
@@ -80,6 +81,7 @@ def row_usages(best: dict[str, Any]) -> list[RowUsage]:
     out = []
     for label, info in best["methods"].items():
         usages = []
+        unpriced = 0
         for seed, rec in (info.get("seeds") or {}).items():
             if rec.get("status") != "reached":
                 continue
@@ -89,9 +91,31 @@ def row_usages(best: dict[str, Any]) -> list[RowUsage]:
                 rebuilt = _rebuilt(best, label, info, seed, rec)
                 if rebuilt is not None:
                     usages.append(rebuilt)
+                else:
+                    unpriced += 1
         median = Usage(*(statistics.median(u[i] for u in usages) for i in range(3))) if usages else None
-        out.append(RowUsage(label, info.get("method") or "", median, len(usages)))
+        out.append(RowUsage(label, info.get("method") or "", median, len(usages), unpriced))
     return out
+
+
+def unpriced_reason(best: dict[str, Any]) -> str | None:
+    """Why rows whose seeds reached the target have no usage (so a time cell shows "—"), in one line; None when
+    every such seed is priced."""
+    rows = [r.label for r in row_usages(best) if r.unpriced]
+    if not rows:
+        return None
+    which = f"{len(rows)} row{'s' if len(rows) > 1 else ''} ({', '.join(rows[:3])}{', ...' if len(rows) > 3 else ''})"
+    named = best.get("config") or "(none recorded)"
+    if _sweep_file(best) is None:
+        return (
+            f"{which} record no client-steps or bytes (a sweep of an older stlsgd) and the sweep file it names, "
+            f"{named}, is not found under the working directory or any folder above the sweep, so they cannot be "
+            f"rebuilt and their times show as —; run the report from the folder that holds {named}"
+        )
+    return (
+        f"{which} record no client-steps or bytes and their settings are not in the sweep file {named} any more, "
+        "so they cannot be rebuilt and their times show as —"
+    )
 
 
 def time_cells(best: dict[str, Any], network: Network) -> dict[str, str]:
