@@ -126,7 +126,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if network is not None:
         print(
             f"latency {network.latency_s * 1e6:.1f} us a round, bandwidth {network.bandwidth_Bps * 8 / 1e9:.3g} "
-            f"Gbit/s, step {network.step_s * 1e9:.1f} ns a client-step ({network.source})"
+            f"Gbit/s, step {(network.step_s or 0) * 1e9:.1f} ns a client-step ({network.source})"
         )
         print(f"profile: {args.out} (use it as --network {args.out})")
     return 0

@@ -50,11 +50,12 @@ _BOUND_TEXT = {
 def _check_figure(where: str, key: str, value: Any) -> None:
     if value is None and key == "step_s":  # unknown step: allowed until a prediction needs it
         return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:
         raise StlsgdError(f"{where}: {key}: must be a number > 0 and finite, got {value!r}")
     least, most = BOUNDS[key]
-    if not least <= value <= most:
-        raise StlsgdError(f"{where}: {key}: {value:g} makes no physical sense; give a figure {_BOUND_TEXT[key]}")
+    number = float(value)
+    if not least <= number <= most:
+        raise StlsgdError(f"{where}: {key}: {number:g} makes no physical sense; give a figure {_BOUND_TEXT[key]}")
 
 
 @dataclass(frozen=True)
@@ -226,9 +227,8 @@ def parse_network(text: str, arg: str = "--network") -> Network:
     if not values:
         return base
     # The source records which figures are no longer the preset's (or the profile's).
-    return replace(
-        base, **{_FIELDS[k]: v for k, v in values.items()}, source=f"{base.source}; overridden: {','.join(items)}"
-    )
+    overridden: dict[str, Any] = {_FIELDS[k]: v for k, v in values.items()}
+    return replace(base, source=f"{base.source}; overridden: {','.join(items)}", **overridden)
 
 
 def write_profile(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from stlsgd.errors import StlsgdError
 from stlsgd.experiments.config import Experiment
@@ -19,7 +20,7 @@ BASE = {
     "data": {"dataset": "digits49", "num_clients": 16, "partition": "shared"},
     "run": {"seed": 0, "target_gap": 1e-4, "max_iterations": 200_000},
 }
-METHODS = {
+METHODS: dict[str, dict[str, Any]] = {
     "SyncSGD": {"method": "sync_sgd", "lr": 1.6, "lr_decay": 1e-3},
     "Local SGD": {"method": "local_sgd", "lr": 1.6, "lr_decay": 1e-2, "k": 32},
     "STL-SGD^sc": {"method": "stl_sc", "lr": 1.6, "k": 32},
@@ -54,6 +55,7 @@ def demo(out: Path, progress: bool = True, overwrite: bool = False) -> list[dict
     for label, algorithm in METHODS.items():
         exp = Experiment.model_validate({**BASE, "name": f"demo-{algorithm['method']}", "algorithm": algorithm})
         summary = run_experiment(exp, out / algorithm["method"], overwrite=True, progress=progress)
+        assert summary is not None  # one process: it writes and returns the summary
         summaries.append({"label": label, **summary})
     base = summaries[0]["rounds_to_target"]
     print(f"{'method':<12} {'rounds to gap 1e-4':>19} {'iterations':>11} {'speedup':>8}")

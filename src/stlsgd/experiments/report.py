@@ -178,8 +178,8 @@ def markdown(sweeps: list[dict[str, Any]]) -> str:
 
 
 def _target_text(sweeps: list[dict[str, Any]]) -> str:
-    gaps = {s.get("target_gap") for s in sweeps if s.get("target_gap") is not None}
-    accs = {s.get("target_accuracy") for s in sweeps if s.get("target_accuracy") is not None}
+    gaps = {float(s["target_gap"]) for s in sweeps if s.get("target_gap") is not None}
+    accs = {float(s["target_accuracy"]) for s in sweeps if s.get("target_accuracy") is not None}
     parts = [f"objective gap {g:g}" for g in sorted(gaps)] + [f"training accuracy {a:g}" for a in sorted(accs)]
     return " / ".join(parts) or "the target"
 

@@ -137,20 +137,18 @@ def crossovers(
     best: dict[str, Any], network: Network, against: tuple[str, ...] = ("local_sgd", "sync_sgd", "lb_sgd")
 ) -> list[str]:
     """Lines 'row A vs row B: A is faster above alpha*' for every STL-SGD row against the baseline methods."""
-    rows = [r for r in row_usages(best) if r.usage is not None]
+    rows = [(r, r.usage) for r in row_usages(best) if r.usage is not None]
     lines = []
-    for a in rows:
+    for a, ua in rows:
         if not a.method.startswith("stl"):
             continue
-        for b in rows:
+        for b, ub in rows:
             if b.method not in against:
                 continue
-            alpha = crossover_latency(a.usage, b.usage, network)
-            faster = a.usage.rounds < b.usage.rounds
+            alpha = crossover_latency(ua, ub, network)
+            faster = ua.rounds < ub.rounds
             if alpha is None:
-                winner = (
-                    a.label if predict(*a.usage, network).total_s <= predict(*b.usage, network).total_s else b.label
-                )
+                winner = a.label if predict(*ua, network).total_s <= predict(*ub, network).total_s else b.label
                 lines.append(f"{a.label} vs {b.label}: {winner} is faster at every latency")
             else:
                 fewer, more = (a.label, b.label) if faster else (b.label, a.label)
@@ -170,6 +168,7 @@ def time_selected(best: dict[str, Any], records: list[dict[str, Any]], network: 
         for r in records:
             if r["label"] != label or r["phase"] != "grid" or r["status"] != "reached":
                 continue
+            usage: Usage | None
             if r.get("client_steps") is not None and r.get("bytes_per_client") is not None:
                 usage = Usage(r["rounds_to_target"], r["bytes_per_client"], r["client_steps"])
             else:
