@@ -328,7 +328,7 @@ def test_calibrate_into_a_missing_folder_is_refused_before_measuring(
 def test_a_fifo_as_the_config_is_refused_not_waited_on(tmp_path: Path) -> None:
     fifo = tmp_path / "c.toml"
     os.mkfifo(fifo)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or str(ROOT / "src")}
     p = subprocess.run(
         [sys.executable, "-m", "stlsgd", "run", str(fifo), "--out", str(tmp_path / "O")],
         capture_output=True,

@@ -240,7 +240,13 @@ def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
             if not rows:
                 continue
             y_key = "gap" if has_gap and rows[0].get("gap") is not None else "objective"
-            xs = [_x(r, x_key, sweep) for r in rows]
+            try:
+                xs = [_x(r, x_key, sweep) for r in rows]
+            except (KeyError, TypeError, ValueError) as err:  # a foreign line: one line, not a traceback
+                raise StlsgdError(
+                    f"{path}: a metrics line without a number {err}: cannot place it on the {x_key} axis; "
+                    "rerun that run"
+                ) from None
             panel.curves.append(Curve(label, xs, [r.get(y_key) for r in rows]))
         panels.append(panel)
     return panels
