@@ -7,6 +7,7 @@ User mistakes (bad config, bad data, missing files, a full or read-only disk) pr
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from pathlib import Path
 
@@ -24,6 +25,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from stlsgd.costmodel import parse_seconds
 
         delay = parse_seconds(args.inject_latency, "--inject-latency")
+    if args.tensorboard:
+        _check_folder(Path(args.tensorboard), "--tensorboard")
     summary = run_experiment(
         exp,
         out,
@@ -54,10 +57,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_folder(path: Path, arg: str) -> None:
+    """A folder to be written (made if missing): refused, before any run writes, when it or the nearest
+    existing folder above it is not a directory."""
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        where = "exists and is not a directory" if probe == path else f"cannot be made: {probe} is not a directory"
+        raise StlsgdError(f"{arg}: {path}: {where}; give a folder")
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from stlsgd.experiments.demo import demo
 
-    demo(Path(args.out), progress=not args.quiet)
+    demo(Path(args.out), progress=not args.quiet, overwrite=args.overwrite)
     return 0
 
 
@@ -112,7 +126,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if network is not None:
         print(
             f"latency {network.latency_s * 1e6:.1f} us a round, bandwidth {network.bandwidth_Bps * 8 / 1e9:.3g} "
-            f"Gbit/s, step {network.step_s * 1e9:.1f} ns a client-step ({network.source})"
+            f"Gbit/s, step {(network.step_s or 0) * 1e9:.1f} ns a client-step ({network.source})"
         )
         print(f"profile: {args.out} (use it as --network {args.out})")
     return 0
@@ -189,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="SyncSGD vs Local SGD vs STL-SGD^sc on the embedded digits (4 vs 9)")
     p.add_argument("--out", default="runs/demo")
+    p.add_argument("--overwrite", action="store_true", help="replace the demo's runs already in --out")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_demo)
 
@@ -279,6 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         where = f"{exc.filename}: " if exc.filename else ""
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link (stlsgd.files): say what that means
+            print(
+                f"stlsgd: error: {where}is a symbolic link; stlsgd never writes through links in an output "
+                "directory: remove the link or choose another --out",
+                file=sys.stderr,
+            )
+            return 2
         print(f"stlsgd: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -32,13 +32,30 @@ from stlsgd.files import write_json_atomic
 PROFILE_FORMAT = "stlsgd-network-profile"
 PROFILE_VERSION = 1
 _FIELDS = {"latency": "latency_s", "bandwidth": "bandwidth_Bps", "step": "step_s"}
+#: The figures that make physical sense, (least, most) in the field's unit. Outside them a prediction means
+#: nothing (a round trip of more than an hour, a link slower than one byte a second), and at the extremes
+#: (bandwidth 1e-305 B/s, latency 1e308 s) the times overflow to inf and the crossovers come out wrong.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "latency_s": (1e-9, 3600.0),  # 1 ns .. 1 hour per round
+    "bandwidth_Bps": (1.0, 1e18),  # 1 B/s .. 1 EB/s per client
+    "step_s": (1e-12, 3600.0),  # 1 ps .. 1 hour per client-step
+}
+_BOUND_TEXT = {
+    "latency_s": "between 1ns and 1 hour (3600s)",
+    "bandwidth_Bps": "between 1 B/s and 1e18 B/s",
+    "step_s": "between 1e-12s and 1 hour (3600s)",
+}
 
 
 def _check_figure(where: str, key: str, value: Any) -> None:
     if value is None and key == "step_s":  # unknown step: allowed until a prediction needs it
         return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:
         raise StlsgdError(f"{where}: {key}: must be a number > 0 and finite, got {value!r}")
+    least, most = BOUNDS[key]
+    number = float(value)
+    if not least <= number <= most:
+        raise StlsgdError(f"{where}: {key}: {number:g} makes no physical sense; give a figure {_BOUND_TEXT[key]}")
 
 
 @dataclass(frozen=True)
@@ -143,11 +160,18 @@ def _quantity(arg: str, key: str, text: str) -> float:
         raise StlsgdError(f"{arg}: {key}: must be > 0, got {text!r}")
     if not math.isfinite(value):
         raise StlsgdError(f"{arg}: {key}: must be finite, got {text!r}")
+    field_name = _FIELDS[key]
+    least, most = BOUNDS[field_name]
+    if not least <= value <= most:
+        raise StlsgdError(
+            f"{arg}: {key}: {text.strip()} makes no physical sense; give a figure {_BOUND_TEXT[field_name]}"
+        )
     return value
 
 
 def parse_seconds(text: str, arg: str) -> float:
-    """A duration such as ``20ms`` or ``1.5s`` (units s, ms, us, ns), > 0; a one-line error naming ``arg``."""
+    """A duration such as ``20ms`` or ``1.5s`` (units s, ms, us, ns), 1 ns .. 1 hour; a one-line error naming
+    ``arg``."""
     return _quantity(arg, "latency", text)
 
 
@@ -203,9 +227,8 @@ def parse_network(text: str, arg: str = "--network") -> Network:
     if not values:
         return base
     # The source records which figures are no longer the preset's (or the profile's).
-    return replace(
-        base, **{_FIELDS[k]: v for k, v in values.items()}, source=f"{base.source}; overridden: {','.join(items)}"
-    )
+    overridden: dict[str, Any] = {_FIELDS[k]: v for k, v in values.items()}
+    return replace(base, source=f"{base.source}; overridden: {','.join(items)}", **overridden)
 
 
 def write_profile(
@@ -330,7 +353,12 @@ def predict(
     latency = usage.rounds * network.latency_s
     transfer = usage.bytes_per_client / network.bandwidth_Bps
     compute = usage.client_steps * _step(network, usage.client_steps, arg)
-    return Breakdown(latency, transfer, compute, latency + transfer + compute)
+    total = latency + transfer + compute
+    if not math.isfinite(total):  # within BOUNDS only for absurd usages; never print "inf s"
+        raise StlsgdError(
+            f"{arg}: the predicted time overflows (rounds {usage.rounds:g}, bytes {usage.bytes_per_client:g})"
+        )
+    return Breakdown(latency, transfer, compute, total)
 
 
 def crossover_latency(

@@ -7,6 +7,11 @@
 - JSON lines (``metrics.jsonl``, ``results.jsonl``): appended and fsynced one record at a time. A last line
   torn by a crash or a full disk is detected on the next read or append, warned about and cut off, never
   glued onto the next record.
+- Symbolic links: nothing is written through one. An output directory holding a link anywhere inside is
+  refused when it is locked (:func:`lock_directory`, :func:`refuse_links`), and every file written in place
+  is opened with ``O_NOFOLLOW`` (:func:`open_nofollow`), so a link that appears later makes the write fail
+  (``ELOOP``) instead of changing a file elsewhere. Atomic writes create a fresh temporary file
+  (``O_EXCL``) and ``os.replace`` it, which replaces a link itself, never its target.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from stlsgd.errors import StlsgdError
 
 
 def atomic_write(
@@ -56,6 +63,11 @@ def naming(path: Path) -> Iterator[None]:
         if err.filename is None:
             raise OSError(err.errno, err.strerror, str(path)) from None
         raise
+
+
+def current_umask() -> int:
+    """The process umask (read without changing it for good)."""
+    return _umask()
 
 
 def _umask() -> int:
@@ -100,6 +112,11 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The records of a JSON-lines file (none if it is missing); a torn last line is skipped with a warning."""
+    return [record for _, record in read_jsonl_numbered(path)]
+
+
+def read_jsonl_numbered(path: Path) -> list[tuple[int, Any]]:
+    """(line number, record) of a JSON-lines file, as :func:`read_jsonl` reads it (for errors naming the line)."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
@@ -110,7 +127,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            records.append((number, json.loads(line)))
         except (json.JSONDecodeError, UnicodeDecodeError):
             last = number == len(lines) or (number == len(lines) - 1 and not lines[-1])
             what = "a last line cut short (a crash or a full disk?)" if last else "a malformed line"
@@ -118,11 +135,63 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+class LinkError(StlsgdError):
+    """An output directory holds a symbolic link (stlsgd never writes through one)."""
+
+    def __init__(self, link: Path, directory: Path) -> None:
+        super().__init__(
+            f"{link}: is a symbolic link inside the output directory {directory}; stlsgd never writes through "
+            "links (it would change a file elsewhere): remove the link or choose another --out"
+        )
+        self.link = link
+
+
+def find_link(directory: Path) -> Path | None:
+    """The first symbolic link found inside ``directory`` (walked without following links), or None.
+
+    ``directory`` itself may be a link (an ``--out`` pointing at scratch space is the user's choice); a
+    missing directory holds none.
+    """
+    stack = [Path(directory)]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.is_symlink():
+                return Path(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+    return None
+
+
+def refuse_links(directory: Path) -> None:
+    """Raise :class:`LinkError` (one line naming the link) when ``directory`` holds a symbolic link."""
+    link = find_link(directory)
+    if link is not None:
+        raise LinkError(link, Path(directory))
+
+
+def open_nofollow(path: Path, mode: str) -> Any:
+    """``open(path, mode)`` for binary modes ``wb``, ``ab+``, ``r+b`` and ``rb``, refusing a symbolic link at
+    ``path`` (``OSError`` ``ELOOP``) instead of writing or reading through it."""
+    flags = {
+        "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+        "ab+": os.O_RDWR | os.O_CREAT | os.O_APPEND,
+        "r+b": os.O_RDWR,
+        "rb": os.O_RDONLY,
+    }[mode]
+    fd = os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+    return os.fdopen(fd, mode)
+
+
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one record durably; a torn last line left by an earlier crash is cut off first."""
     path = Path(path)
     data = (dumps(record) + "\n").encode()
-    with naming(path), open(path, "ab+") as fh:
+    with naming(path), open_nofollow(path, "ab+") as fh:
         repair_tail(fh, path)
         fh.write(data)
         fh.flush()
@@ -165,10 +234,12 @@ def lock_directory(directory: Path, name: str = ".stlsgd.lock") -> int:
 
     Returns the descriptor: closing it (or the process ending, however it ends) releases the lock. The file
     stays, so that two processes never lock two different files of the same name. Raises
-    :class:`LockedError` while another process holds it.
+    :class:`LockedError` while another process holds it, and :class:`LinkError` when the directory holds a
+    symbolic link (the lock file included): whoever locks a directory writes into it, and never through a link.
     """
+    refuse_links(directory)
     path = Path(directory) / name
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as err:

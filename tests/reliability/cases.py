@@ -1,6 +1,6 @@
 """The adversarial findings rerun as a user would run them: one command each, its exit status and first line.
 
-    .venv/bin/python tests/reliability/cases.py [--data-dir ../shared/data]
+    .venv/bin/python tests/reliability/cases.py [--data-dir ../shared/data] [--only-round-three]
 
 Not a test (the tests of test_findings.py and test_bad_input.py assert each case); this prints the table of the
 closing note. The full-disk cases use a real 96 KiB tmpfs when this process may mount one (root), and say so
@@ -10,6 +10,8 @@ otherwise.
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import os
 import shutil
 import signal
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 
 from test_findings import BASE  # this folder's base case: digits 4 vs 9, Local SGD, 50 rounds
+from test_round_three import SWEEP  # a small sweep whose two rows reach gap 1e-2
 
 ROOT = Path(__file__).resolve().parents[2]
 NEWLINE = b"\n"
@@ -35,6 +38,9 @@ def run(cmd: list, cwd: Path, **kw) -> tuple[int, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument(
+        "--only-round-three", action="store_true", help="only the cases of the third round (R3 ...), a few minutes"
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="stlsgd_cases_"))
     cfg = tmp / "c.toml"
@@ -52,6 +58,11 @@ def main() -> None:
             )
         )
 
+    if args.only_round_three:
+        round_three(tmp, cfg, case, rows)
+        _print(rows)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     out = tmp / "run"
     case("finished run", [*STLSGD, "run", cfg, "--out", out, "--quiet", "--checkpoint-every", "10"])
     # 1. a corrupted checkpoint
@@ -200,13 +211,208 @@ def main() -> None:
     run([*STLSGD, "run", cfg, "--out", tmp / "o10c", "--quiet", "--checkpoint-every", "10"], tmp)
     (tmp / "o10c" / "checkpoint").write_bytes(b"PK\x03\x04 not a zip at all" * 20)
     case("10 unreadable checkpoint", [*STLSGD, "run", cfg, "--out", tmp / "o10c", "--resume"])
+    round_three(tmp, cfg, case, rows)
+    _print(rows)
+    ro.chmod(0o755)
+    shutil.rmtree(tmp, ignore_errors=True)
 
+
+def _print(rows: list[tuple[str, str, int, str]]) -> None:
     print("| case | command | exit | first line |")
     print("|---|---|---|---|")
     for name, cmd, code, first in rows:
         print(f"| {name} | `{cmd}` | {code} | {first.replace('|', '/')} |")
-    ro.chmod(0o755)
-    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _around(root: Path, skip: Path) -> dict[str, bytes | str]:
+    """Every file and link under ``root`` but those under ``skip`` (bytes, or a link's target)."""
+    seen: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        if path == skip or skip in path.parents or "tmpfs" in path.parts:
+            continue
+        seen[str(path)] = (
+            "-> " + os.readlink(path) if path.is_symlink() else path.read_bytes() if path.is_file() else ""
+        )
+    return seen
+
+
+def round_three(tmp: Path, cfg: Path, case, rows: list[tuple[str, str, int, str]]) -> None:  # type: ignore[no-untyped-def]
+    """The findings of the third round (issue: nothing outside --out is touched, the newer commands keep the
+    one-line promise), named R3 and the finding's number."""
+    r3 = tmp / "r3"
+    r3.mkdir()
+
+    def links(out: Path, names: list[str]) -> None:
+        out.mkdir(parents=True)
+        for i, name in enumerate(names):
+            victim = r3 / f"victim-{out.name}-{i}"
+            if i % 2:
+                (out / name).symlink_to(r3 / f"dangling-{out.name}-{i}")
+            else:
+                victim.write_bytes(b"a\nb")
+                (out / name).symlink_to(victim)
+
+    def unchanged(name: str, out: Path, before: dict[str, bytes | str]) -> None:
+        rows.append(
+            (name, "", 0, f"files outside {out.name}/ unchanged and none created: {_around(tmp, out) == before}")
+        )
+
+    sweep_file = r3 / "sw.toml"
+    sweep_file.write_text(SWEEP)
+    # 1. links inside --out
+    for command, names, extra in (
+        ("run", [".stlsgd.lock", "metrics.jsonl", "summary.json"], [cfg, "--quiet"]),
+        ("sweep", ["results.jsonl", ".stlsgd.lock", "best.json"], [sweep_file, "--jobs", "1", "--quiet"]),
+        ("demo", ["demo.png", "sync_sgd"], ["--quiet"]),
+    ):
+        out = r3 / f"links-{command}"
+        links(out, names)
+        before = _around(tmp, out)
+        case(
+            f"R3 1 {command} --out <links: {', '.join(names)}>",
+            [*STLSGD, command, *extra[:1], "--out", out, *extra[1:]],
+        )
+        unchanged(f"R3 1 {command}: around it", out, before)
+    sweep = r3 / "S"
+    run([*STLSGD, "sweep", sweep_file, "--out", sweep, "--jobs", "1", "--quiet"], tmp)
+    out = r3 / "links-report"
+    links(out, ["table.md", "table.csv", "table_rounds.png"])
+    before = _around(tmp, out)
+    case("R3 1 report --out <links: table.md, table.csv, table_rounds.png>", [*STLSGD, "report", sweep, "--out", out])
+    unchanged("R3 1 report: around it (its links replaced by files)", out, before)
+    # 2. the demo asks first
+    (r3 / "D" / "local_sgd").mkdir(parents=True)
+    (r3 / "D" / "local_sgd" / "config.yaml").write_text("mine: 1\n")
+    case("R3 2 demo --out <D holding a run>", [*STLSGD, "demo", "--out", r3 / "D", "--quiet"])
+    # 3. an atomic report
+    rep = r3 / "R"
+    run([*STLSGD, "report", sweep, "--out", rep], tmp)
+    before = _around(rep, r3 / "none")
+    best = json.loads((sweep / "best.json").read_text())
+    metrics = sweep / best["methods"]["local_sgd"]["run_dir"] / "metrics.jsonl"
+    kept = metrics.read_bytes()
+    lines = kept.decode().splitlines()
+    lines[2] = json.dumps({k: v for k, v in json.loads(lines[2]).items() if k != "round"})
+    metrics.write_text("\n".join(lines) + "\n")
+    case(
+        "R3 3 report failing half-way (a metrics line without round)",
+        [*STLSGD, "report", sweep, "--out", rep, "--network", "datacenter,step=1us"],
+    )
+    rows.append(
+        ("R3 3 the old report after it", "", 0, f"byte-for-byte unchanged: {_around(rep, r3 / 'none') == before}")
+    )
+    metrics.write_bytes(kept)
+    profile = r3 / "p.json"
+    profile.write_text(
+        json.dumps(
+            {
+                "format": "stlsgd-network-profile",
+                "version": 1,
+                "problem": {"dataset": "a9a"},
+                "latency_s": 1e-3,
+                "bandwidth_Bps": 1e9,
+                "step_s": 1e-6,
+                "measured": {},
+            }
+        )
+    )
+    case(
+        "R3 3 report --network <a9a profile> (refused)",
+        [*STLSGD, "report", sweep, "--out", r3 / "new" / "R", "--network", profile],
+    )
+    rows.append(("R3 3 its --out after it", "", 0, f"exists: {(r3 / 'new').exists()}"))
+    # 8, 9, 11. pricing
+    case(
+        "R3 8 report --network latency=1ms,bandwidth=1e-305B,step=1us",
+        [*STLSGD, "report", sweep, "--out", r3 / "R8", "--network", "latency=1ms,bandwidth=1e-305B,step=1us"],
+    )
+    case(
+        "R3 8 report --network latency=1e308s,...",
+        [*STLSGD, "report", sweep, "--out", r3 / "R8", "--network", "latency=1e308s,bandwidth=1Gbit,step=1us"],
+    )
+    shutil.copytree(ROOT / "docs/results/table2_data/table2_a9a_iid", r3 / "X")
+    code, first = run([*STLSGD, "report", "X", "--out", "R9", "--network", "cross-region,step=1us"], r3)
+    rows.append(
+        (
+            "R3 9 report <a copied stored sweep> --network cross-region,step=1us",
+            "python -m stlsgd report X --out R9 --network cross-region,step=1us",
+            code,
+            first,
+        )
+    )
+    none = r3 / "none-reached"
+    shutil.copytree(sweep, none)
+    best = json.loads((none / "best.json").read_text())
+    for info in best["methods"].values():
+        info["median"] = info["min"] = info["max"] = None
+        info["seeds_reached"] = 0
+        for rec in info["seeds"].values():
+            rec["status"], rec["rounds_to_target"] = "budget", None
+    (none / "best.json").write_text(json.dumps(best))
+    case(
+        "R3 11 report <no row reached the target> --network datacenter",
+        [*STLSGD, "report", none, "--out", r3 / "R11", "--network", "datacenter"],
+    )
+    # 10, 12. configs
+    case(
+        "R3 10 max_iterations, max_rounds and target_gap all none",
+        [*STLSGD, "run", cfg, "--out", r3 / "o", "--set", "run.max_rounds=none", "--set", "run.max_iterations=none"],
+    )
+    stl = r3 / "stl.toml"
+    stl.write_text(cfg.read_text().replace('"local_sgd"', '"stl_sc"'))
+    for override in ("algorithm.lr=1e-320", "problem.lam=1e-320"):
+        case(f"R3 12 stl_sc --set {override}", [*STLSGD, "run", stl, "--out", r3 / "o", "--set", override])
+    # 14. decompression bombs
+    (r3 / "dd" / "a9a").mkdir(parents=True)
+    (r3 / "dd" / "a9a" / "a9a.gz").write_bytes(gzip.compress(b"+1 1:1\n-1 2:1\n" * 20_000))
+    case(
+        "R3 14 a9a.gz inflating to 40,000 lines (a9a: 32,561)",
+        [*STLSGD, "run", cfg, "--out", r3 / "o", "--data-dir", r3 / "dd", "--set", "data.dataset=a9a"],
+    )
+    bomb = r3 / "bomb.svm.gz"
+    bomb.write_bytes(gzip.compress(b"+1 1:1\n-1 2:1\n" * 10_000_000, compresslevel=6))
+    started = time.perf_counter()
+    case(
+        f"R3 14 {bomb.stat().st_size // 1024} KiB .gz inflating to 140 MB",
+        [*STLSGD, "run", cfg, "--out", r3 / "o", "--set", f"data.dataset={bomb}"],
+    )
+    rows.append(("R3 14 its time", "", 0, f"{time.perf_counter() - started:.1f} s (including the start of python)"))
+    # 15. the smaller ones
+    case("R3 15 name with a newline", [*STLSGD, "run", cfg, "--out", r3 / "o", "--set", 'name="a\\nb"'])
+    nul = r3 / "nul.toml"
+    nul.write_text(SWEEP.replace('method = "sync_sgd"', 'method = "sync_sgd"\nlabel = "a\\u0000b"'))
+    case("R3 15 sweep label with a NUL", [*STLSGD, "sweep", nul, "--out", r3 / "o"])
+    afile = r3 / "a-file"
+    afile.write_text("x")
+    case("R3 15 --tensorboard <a file>", [*STLSGD, "run", cfg, "--out", r3 / "o15", "--tensorboard", afile])
+    rows.append(("R3 15 its --out after it", "", 0, f"exists: {(r3 / 'o15').exists()}"))
+    started = time.perf_counter()
+    case(
+        "R3 15 calibrate --out <missing folder>/p.json", [*STLSGD, "calibrate", cfg, "--out", r3 / "missing" / "p.json"]
+    )
+    rows.append(("R3 15 its time", "", 0, f"{time.perf_counter() - started:.1f} s (including the start of python)"))
+    fifo = r3 / "fifo.toml"
+    os.mkfifo(fifo)
+    case("R3 15 a FIFO as the config", [*STLSGD, "run", fifo, "--out", r3 / "o"])
+    big = r3 / "big.toml"
+    values = ", ".join(str(round(0.001 * (i + 1), 3)) for i in range(100))
+    big.write_text(
+        SWEEP.split("[[methods]]")[0].replace("max_rounds = 300", "max_rounds = 5")
+        + f'[[methods]]\nmethod = "local_sgd"\ngrid = {{ lr = [{values}], k = [{", ".join(str(i + 1) for i in range(100))}], lr_decay = [{", ".join(str((i + 1) / 100) for i in range(10))}] }}\n'
+    )
+    started = time.perf_counter()
+    case(
+        "R3 15 sweep --limit 1 on a 100,000-setting grid",
+        [*STLSGD, "sweep", big, "--out", r3 / "big", "--jobs", "1", "--limit", "1", "--quiet"],
+    )
+    rows.append(
+        (
+            "R3 15 its time",
+            "",
+            0,
+            f"{time.perf_counter() - started:.1f} s (one 5-round run, including the start of python)",
+        )
+    )
 
 
 if __name__ == "__main__":

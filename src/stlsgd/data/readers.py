@@ -73,6 +73,45 @@ def _open_binary(path: Path) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
+#: A compressed data file may inflate to at most MAX_RATIO times its own size once past MIN_INFLATED bytes. Real
+#: svmlight and idx files inflate 3-15 times (a9a: 12); deflate's ceiling is about 1032, which is what a
+#: decompression bomb uses to fill the memory long after loading began.
+MAX_RATIO = 200
+MIN_INFLATED = 64 * 2**20
+
+
+def _bomb(path: Path, what: str) -> DataError:
+    return DataError(
+        f"{path}: inflates to {what} (a decompression bomb, or not the data file?); "
+        "replace it (stlsgd data fetch NAME for a registered dataset)"
+    )
+
+
+def _inflation_cap(compressed_bytes: int) -> int:
+    return max(MIN_INFLATED, MAX_RATIO * compressed_bytes)
+
+
+def _check_inflated(path: Path, max_lines: int | None) -> None:
+    """Refuse a .gz/.bz2 file that inflates to more than :func:`_inflation_cap` of its size, or to more than
+    ``max_lines`` lines (a registered dataset's declared rows), streaming: memory stays bounded."""
+    if path.suffix not in (".gz", ".bz2"):
+        return
+    compressed = os.stat(path).st_size
+    cap = _inflation_cap(compressed)
+    total = lines = 0
+    try:
+        with _open_binary(path) as fh:
+            while chunk := fh.read(1 << 20):
+                total += len(chunk)
+                lines += chunk.count(b"\n")
+                if max_lines is not None and lines > max_lines:
+                    raise _bomb(path, f"more than the {max_lines:,} lines this dataset declares")
+                if total > cap:
+                    raise _bomb(path, f"more than {_nbytes(cap)}, over {MAX_RATIO} times its {_nbytes(compressed)}")
+    except (*_GZIP_ERRORS, OSError) as err:
+        raise _unreadable(path, err) from None
+
+
 def _require_file(path: Path, what: str) -> None:
     """Refuse, in one line, a path that is missing, a directory, a device/FIFO (which could block) or unstatable."""
     try:
@@ -96,10 +135,15 @@ def _read_bytes(path: Path) -> bytes:
     except OSError as err:
         raise DataError(f"{path}: cannot read ({err.strerror or err})") from None
     if raw[:2] == b"\x1f\x8b":
+        cap = _inflation_cap(len(raw))
         try:
-            return gzip.decompress(raw)
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as fh:
+                data = fh.read(cap + 1)  # bounded: a decompression bomb stops at the cap
         except _GZIP_ERRORS as err:
             raise _corrupt(path, err) from None
+        if len(data) > cap:
+            raise _bomb(path, f"more than {_nbytes(cap)}, over {MAX_RATIO} times its {_nbytes(len(raw))}")
+        return data
     return raw
 
 
@@ -219,11 +263,15 @@ def _first_problem(path: Path, n_features: int | None, fallback: str) -> DataErr
     return DataError(f"{path}: {fallback}")
 
 
-def read_svmlight(path: str | Path, n_features: int | None = None, *, name: str | None = None) -> Dataset:
+def read_svmlight(
+    path: str | Path, n_features: int | None = None, *, name: str | None = None, max_lines: int | None = None
+) -> Dataset:
     """Read a two-class LIBSVM/svmlight file (plain, .gz or .bz2); labels become -1/+1 (larger -> +1).
 
     Without ``n_features`` the file may use feature indices up to :data:`MAX_FEATURES` (2^24; see there why);
-    with it, indices up to ``n_features`` (at most :data:`INDEX_LIMIT`). Every problem is a one-line DataError
+    with it, indices up to ``n_features`` (at most :data:`INDEX_LIMIT`). A compressed file is first inflated
+    as a stream and refused when it holds more than ``max_lines`` lines (a registered dataset's declared rows)
+    or inflates more than :data:`MAX_RATIO` times (a decompression bomb). Every problem is a one-line DataError
     naming the file and, where it lies on one line, the line number.
     """
     from sklearn.datasets import load_svmlight_file
@@ -232,6 +280,7 @@ def read_svmlight(path: str | Path, n_features: int | None = None, *, name: str 
     if n_features is not None and not 1 <= n_features <= INDEX_LIMIT:
         raise DataError(f"{path}: n_features={n_features} outside 1..{INDEX_LIMIT}")
     _require_file(path, "an svmlight file")
+    _check_inflated(path, max_lines)
     try:
         # zero_based=False: LIBSVM indices start at 1, and "auto" would silently shift a file with no column 1.
         X, y = load_svmlight_file(str(path), n_features=n_features, dtype=np.float64, zero_based=False)

@@ -115,8 +115,9 @@ class DatasetSpec:
     image: tuple[int, int, int] | None = None
 
 
-def _svm(name: str, rel: str, n_features: int) -> Callable[[Path], Dataset]:
-    return lambda root: readers.read_svmlight(root / rel, n_features, name=name)
+def _svm(name: str, rel: str, n_features: int, rows: int) -> Callable[[Path], Dataset]:
+    # rows: the published size; a file inflating to more lines is refused before parsing (a decompression bomb).
+    return lambda root: readers.read_svmlight(root / rel, n_features, name=name, max_lines=rows)
 
 
 def _cifar_test(root: Path) -> Dataset:
@@ -138,10 +139,14 @@ DATASETS: dict[str, DatasetSpec] = {
     s.name: s
     for s in (
         DatasetSpec(
-            "a9a", ("a9a/a9a.gz",), _svm("a9a", "a9a/a9a.gz", 123), "UCI Adult, 32,561 x 123, binary", features=123
+            "a9a",
+            ("a9a/a9a.gz",),
+            _svm("a9a", "a9a/a9a.gz", 123, 32_561),
+            "UCI Adult, 32,561 x 123, binary",
+            features=123,
         ),
         DatasetSpec(
-            "a9a-test", ("a9a/a9a.t.gz",), _svm("a9a-test", "a9a/a9a.t.gz", 123), "a9a test split, 16,281 x 123"
+            "a9a-test", ("a9a/a9a.t.gz",), _svm("a9a-test", "a9a/a9a.t.gz", 123, 16_281), "a9a test split, 16,281 x 123"
         ),
         DatasetSpec(
             "mnist49",
@@ -167,15 +172,19 @@ DATASETS: dict[str, DatasetSpec] = {
             features=64,
         ),
         DatasetSpec(
-            "w8a", ("w8a/w8a.gz",), _svm("w8a", "w8a/w8a.gz", 300), "LIBSVM w8a, 49,749 x 300, binary", features=300
+            "w8a",
+            ("w8a/w8a.gz",),
+            _svm("w8a", "w8a/w8a.gz", 300, 49_749),
+            "LIBSVM w8a, 49,749 x 300, binary",
+            features=300,
         ),
         DatasetSpec(
-            "w8a-test", ("w8a/w8a.t.gz",), _svm("w8a-test", "w8a/w8a.t.gz", 300), "w8a test split, 14,951 x 300"
+            "w8a-test", ("w8a/w8a.t.gz",), _svm("w8a-test", "w8a/w8a.t.gz", 300, 14_951), "w8a test split, 14,951 x 300"
         ),
         DatasetSpec(
             "mushrooms",
             ("mushrooms/mushrooms.gz",),
-            _svm("mushrooms", "mushrooms/mushrooms.gz", 112),
+            _svm("mushrooms", "mushrooms/mushrooms.gz", 112, 8_124),
             "UCI Mushroom, 8,124 x 112, binary",
             features=112,
         ),

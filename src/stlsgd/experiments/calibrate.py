@@ -42,11 +42,18 @@ BIG_BYTES = 16 * 2**20
 IDLE_S = 1e-3
 
 
+def _group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    """``group``, or the default group (initialised: every caller runs inside a process group)."""
+    chosen = group or dist.group.WORLD
+    assert chosen is not None
+    return chosen
+
+
 def _round_figures(
     exp: Experiment, built: Built, group: dist.ProcessGroup | None, reps: int, beta: float, model_bytes: int
 ) -> dict[str, Any]:
     """c and alpha as the executor's rounds spend them (see the module docstring); every rank calls this."""
-    world, rank = (group or dist.group.WORLD).size(), (group or dist.group.WORLD).rank()
+    world, rank = _group(group).size(), _group(group).rank()
     batch = getattr(exp.algorithm, "batch", 1)
     k = int(min(getattr(exp.algorithm, "k", None) or 100, 10 if exp.problem.kind == "net" else 2000))
     state = built.problem.init_state(1, exp.run.seed)
@@ -115,7 +122,7 @@ def measure(
 ) -> dict[str, float]:
     """The profile's figures on ``group`` (every rank calls this): latency_s, bandwidth_Bps, step_s, and the
     timings behind them."""
-    world = (group or dist.group.WORLD).size()
+    world = _group(group).size()
     tiny, big, big_bytes = _states(model_bytes, exp.problem.kind == "logistic")
     tiny_s = _average_seconds(tiny, world, group, reps)
     big_s = _average_seconds(big, world, group, max(5, reps // 5))
@@ -152,6 +159,10 @@ def calibrate(exp: Experiment, out: Path, data_dir: str | None = None) -> Networ
 
     if out.exists() and out.is_dir():
         raise StlsgdError(f"{out}: is a directory; --out names the profile file to write")
+    folder = out.parent
+    if not folder.is_dir():  # checked before the measuring (tens of seconds), not after
+        what = "is not a directory" if folder.exists() else "does not exist"
+        raise StlsgdError(f"{out}: its folder {folder} {what}; create it or choose another --out")
     model_bytes = model_bytes_for(exp) or 8 * 1024
     if distributed.launched() or dist.is_initialized():
         job = distributed.join()

@@ -6,10 +6,13 @@ Every error names the file and the dotted field (``algorithm.lr: must be > 0``) 
 
 from __future__ import annotations
 
+import os
+import stat
 import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Union
 
+import numpy as np
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -99,6 +102,8 @@ class Experiment(StrictModel):
         parts = PurePosixPath(name.replace("\\", "/")).parts
         if not name.strip() or "\0" in name or name.startswith(("/", "\\")) or ".." in parts:
             raise ValueError(f"must be a relative name without '..' (it becomes runs/NAME), got {name!r}")
+        if not name.isprintable():  # a newline would print a second line in every message naming the run
+            raise ValueError(f"must hold no control characters (newline, tab, ...), got {name!r}")
         return name
 
     @model_validator(mode="after")
@@ -112,16 +117,40 @@ class Experiment(StrictModel):
             )
         # A network has no known optimum f*: its runs stop on training accuracy (Table 3), so target_gap,
         # unless given, is unset rather than the logistic default.
-        if self.problem.kind != "net":
-            return self
-        if "target_gap" not in self.run.model_fields_set:
-            self.run.target_gap = None
-        elif self.run.target_gap is not None:
-            raise ValueError("run.target_gap: a network has no known optimum; use run.target_accuracy")
-        alg = self.algorithm
-        if alg.method == "stl_sc" and alg.T1 is None and alg.T1_epochs is None:
-            raise ValueError("algorithm.T1: give T1 or T1_epochs (eta_1 T_1 = 1/lambda needs a logistic lambda)")
+        if self.problem.kind == "net":
+            if "target_gap" not in self.run.model_fields_set:
+                self.run.target_gap = None
+            elif self.run.target_gap is not None:
+                raise ValueError("run.target_gap: a network has no known optimum; use run.target_accuracy")
+            alg = self.algorithm
+            if alg.method == "stl_sc" and alg.T1 is None and alg.T1_epochs is None:
+                raise ValueError("algorithm.T1: give T1 or T1_epochs (eta_1 T_1 = 1/lambda needs a logistic lambda)")
+        else:
+            self._check_first_stage()
+        run = self.run
+        if all(v is None for v in (run.target_gap, run.target_accuracy, run.max_iterations, run.max_rounds)):
+            raise ValueError(
+                "run: no stop rule (target_gap, target_accuracy, max_iterations and max_rounds are all none): "
+                "the run would never end; set max_iterations or max_rounds"
+            )
         return self
+
+    def _check_first_stage(self) -> None:
+        """STL-SGD^sc without T1 takes T_1 = lr_T1 / (eta_1 lambda) (Section 5's eta_1 T_1 = 1/lambda): refuse
+        a lr or lambda so small that T_1 overflows or exceeds any run (lambda defaults to 1/n <= 1, so
+        lr_T1 / lr is then a lower bound of T_1)."""
+        alg = self.algorithm
+        if alg.method != "stl_sc" or alg.T1 is not None or alg.T1_epochs is not None or getattr(alg, "auto", False):
+            return
+        lam = self.problem.lam
+        with np.errstate(all="ignore"):
+            first = float(np.float64(alg.lr_T1) / (np.float64(alg.lr) * np.float64(lam if lam is not None else 1.0)))
+        if not first <= MAX_STEPS:
+            given = f"lr {alg.lr:g}" + (f", problem.lam {lam:g}" if lam is not None else ", lambda = 1/n <= 1")
+            raise ValueError(
+                f"algorithm.lr: T_1 = lr_T1 / (lr * lambda) would be {first:g} iterations ({given}), more than any "
+                f"run can take (2^40); raise lr (or problem.lam), or give algorithm.T1"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -206,6 +235,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def read_raw(path: Path) -> dict[str, Any]:
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise ConfigError(f"{path}: config file not found") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise ConfigError(f"{path}: cannot read config ({getattr(exc, 'strerror', None) or exc})") from None
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # a FIFO or a device would block, or never end
+        raise ConfigError(f"{path}: is a special file (FIFO, device or socket), not a config file")
     try:
         # utf-8-sig: a byte-order mark (which some editors write) is not part of the text.
         text = path.read_text(encoding="utf-8-sig")

@@ -9,12 +9,21 @@ the metrics of each row's best run (``DIR/runs/<key>/metrics.jsonl``) and writes
 - ``NAME_rounds.png``: the objective gap (training loss when the optimum is unknown) against rounds, one
   panel per sweep, the best setting of each method (Figures 1 and 2);
 - ``NAME_epochs.png``: the same against epochs, samples processed by all clients / n (appendix figures).
+
+The report is written whole or not at all: every file is built in a temporary folder beside the output
+directory and moved in only when all succeeded (replacing the links or files of those names, and removing this
+prefix's files an earlier report wrote that this one does not, such as ``NAME_latency.png`` without
+``--network``); other files in the directory are left alone. A failure half-way leaves the old report as it was.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +39,13 @@ from stlsgd.experiments.time_report import (
     sweep_title,
     time_cells,
     time_selected,
+    unpriced_reason,
 )
-from stlsgd.files import read_jsonl
+from stlsgd.files import current_umask, read_jsonl_numbered
 
 BASELINE_METHOD = "sync_sgd"
+#: What a report named PREFIX writes: PREFIX + each of these (the files replaced or removed on the next one).
+REPORT_FILES = (".md", ".csv", "_rounds.png", "_epochs.png", "_compute.png", "_latency.png")
 
 
 def load_sweep_dir(directory: Path) -> dict[str, Any]:
@@ -167,8 +179,8 @@ def markdown(sweeps: list[dict[str, Any]]) -> str:
 
 
 def _target_text(sweeps: list[dict[str, Any]]) -> str:
-    gaps = {s.get("target_gap") for s in sweeps if s.get("target_gap") is not None}
-    accs = {s.get("target_accuracy") for s in sweeps if s.get("target_accuracy") is not None}
+    gaps = {float(s["target_gap"]) for s in sweeps if s.get("target_gap") is not None}
+    accs = {float(s["target_accuracy"]) for s in sweeps if s.get("target_accuracy") is not None}
     parts = [f"objective gap {g:g}" for g in sorted(gaps)] + [f"training accuracy {a:g}" for a in sorted(accs)]
     return " / ".join(parts) or "the target"
 
@@ -214,11 +226,28 @@ def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
                 continue
             if not info.get("run_dir"):
                 label = f"{label} (closest, not reached)"
-            rows = read_jsonl(sweep["_dir"] / run_dir / "metrics.jsonl")
+            path = sweep["_dir"] / run_dir / "metrics.jsonl"
+            rows = []
+            for lineno, row in read_jsonl_numbered(path):
+                if (
+                    not isinstance(row, dict)
+                    or isinstance(row.get("round"), bool)
+                    or not isinstance(row.get("round"), (int, float))
+                ):
+                    raise StlsgdError(
+                        f"{path}:{lineno}: not a metrics line (no number 'round'); rerun that run, or remove the line"
+                    )
+                rows.append(row)
             if not rows:
                 continue
             y_key = "gap" if has_gap and rows[0].get("gap") is not None else "objective"
-            xs = [_x(r, x_key, sweep) for r in rows]
+            try:
+                xs = [_x(r, x_key, sweep) for r in rows]
+            except (KeyError, TypeError, ValueError) as err:  # a foreign line: one line, not a traceback
+                raise StlsgdError(
+                    f"{path}: a metrics line without a number {err}: cannot place it on the {x_key} axis; "
+                    "rerun that run"
+                ) from None
             panel.curves.append(Curve(label, xs, [r.get(y_key) for r in rows], info.get("method") or ""))
         panels.append(panel)
     return panels
@@ -273,7 +302,7 @@ def time_section(sweeps: list[dict[str, Any]], network: Network, select: str) ->
     lines = [
         "",
         f"Predicted time to target on {network.name} (latency {network.latency_s:g} s a round, bandwidth "
-        f"{network.bandwidth_Bps:g} B/s, step {network.step_s:g} s a client-step; {what}):",
+        f"{network.bandwidth_Bps:g} B/s, step {_step_text(network)}; {what}):",
         "",
         "| Algorithms | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(names),
@@ -287,7 +316,16 @@ def time_section(sweeps: list[dict[str, Any]], network: Network, select: str) ->
     ]
     for s in sweeps:
         lines += [f"- {s['sweep']}: {line}" for line in crossovers(s, network)]
+    notes = [f"{s['_dir'] / BEST}: {reason}" for s in sweeps if (reason := unpriced_reason(s)) is not None]
+    for note in notes:  # a "—" must never go unexplained
+        print(f"stlsgd: warning: {note}", file=sys.stderr)
+    if notes:
+        lines += ["", *(f"Note: {note}" for note in notes)]
     return "\n".join(lines) + "\n"
+
+
+def _step_text(network: Network) -> str:
+    return "not given" if network.step_s is None else f"{network.step_s:g} s a client-step"
 
 
 def write_report(
@@ -302,30 +340,88 @@ def write_report(
         raise StlsgdError("--select time: needs --network (the times are predicted by the cost model)")
     if not dirs:
         raise StlsgdError("report: give at least one sweep directory")
+    if not prefix or "/" in prefix or "\\" in prefix or prefix in (".", "..") or not prefix.isprintable():
+        raise StlsgdError(f"--prefix: a plain file name prefix (no '/', no control characters), got {prefix!r}")
     sweeps = [load_sweep_dir(Path(d)) for d in dirs]
     for sweep in sweeps:
         if not read_results(sweep["_dir"]):
             raise StlsgdError(f"{sweep['_dir'] / 'results.jsonl'}: no results")
     if out.exists() and not out.is_dir():
         raise StlsgdError(f"{out}: exists and is not a directory; choose another --out")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise StlsgdError(f"{out}: cannot create the output directory ({err.strerror or err})") from None
     if network is not None:
         for s in sweeps:
             check_profile_matches(network, {"dataset": s["dataset"]})
-    md, csv_path = out / f"{prefix}.md", out / f"{prefix}.csv"
+    # Everything above only read; from here the report is built aside and moved in whole (module docstring).
+    target = Path(os.path.realpath(out)) if out.is_symlink() else out
+    created = _make_parents(target.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".report-tmp", dir=target.parent))
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; the report is shared like any other folder
+    except OSError as err:
+        _remove_empty(created)
+        raise StlsgdError(f"{out}: cannot create the output directory ({err.strerror or err})") from None
+    try:
+        names = _build(sweeps, tmp, prefix, network, select)
+        _swap_in(tmp, target, prefix, names)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(created)
+        raise
+    return [out / name for name in names]
+
+
+def _build(sweeps: list[dict[str, Any]], into: Path, prefix: str, network: Network | None, select: str) -> list[str]:
+    """Write every file of the report into the folder ``into``; return their names."""
+    md, csv_path = into / f"{prefix}.md", into / f"{prefix}.csv"
     text = markdown(sweeps) + usage_section(sweeps)
     if network is not None:
         text += time_section(sweeps, network, select)
     md.write_text(text)
     write_csv(sweeps, csv_path)
-    rounds = panels_figure(_panels(sweeps, "round"), "communication rounds", out / f"{prefix}_rounds.png", log_x=True)
+    rounds = panels_figure(_panels(sweeps, "round"), "communication rounds", into / f"{prefix}_rounds.png", log_x=True)
     epochs = panels_figure(
-        _panels(sweeps, "epochs"), "epochs (samples by all clients / n)", out / f"{prefix}_epochs.png", log_x=True
+        _panels(sweeps, "epochs"), "epochs (samples by all clients / n)", into / f"{prefix}_epochs.png", log_x=True
     )
-    written = [md, csv_path, rounds, epochs, compute_figure(sweeps, out / f"{prefix}_compute.png", network)]
+    written = [md, csv_path, rounds, epochs, compute_figure(sweeps, into / f"{prefix}_compute.png", network)]
     if network is not None:
-        written.append(latency_figure(sweeps, network, out / f"{prefix}_latency.png"))
-    return written
+        written.append(latency_figure(sweeps, network, into / f"{prefix}_latency.png"))
+    return [p.name for p in written]
+
+
+def _swap_in(tmp: Path, target: Path, prefix: str, names: list[str]) -> None:
+    """The finished report in ``tmp`` becomes ``target``: renamed whole when there is no ``target`` yet, else
+    file by file (``os.replace`` replaces a link itself, never its target), and this prefix's files that the
+    new report does not have are removed."""
+    if not target.exists():
+        os.replace(tmp, target)
+        return
+    for name in names:
+        os.replace(tmp / name, target / name)
+    for suffix in REPORT_FILES:
+        stale = target / f"{prefix}{suffix}"
+        if f"{prefix}{suffix}" not in names and (stale.is_symlink() or stale.is_file()):
+            stale.unlink()
+    tmp.rmdir()
+
+
+def _make_parents(directory: Path) -> list[Path]:
+    """Create ``directory`` and its missing parents; return those created, deepest first."""
+    missing = []
+    probe = directory
+    while not probe.exists() and probe.parent != probe:
+        missing.append(probe)
+        probe = probe.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise StlsgdError(f"{directory}: cannot create the output directory ({err.strerror or err})") from None
+    return missing
+
+
+def _remove_empty(created: list[Path]) -> None:
+    """Remove the folders a failed report created (deepest first), if still empty."""
+    for directory in created:
+        try:
+            directory.rmdir()
+        except OSError:
+            return

@@ -13,6 +13,9 @@ Files (every name below is owned by this module):
   atomically;
 - ``.stlsgd.lock``: held (``flock``) by the process writing the run; it names that process's pid.
 
+A directory holding a symbolic link anywhere inside is refused (:func:`stlsgd.files.refuse_links`), and files
+are opened without following links, so a run never changes or creates a file outside its directory.
+
 The lifecycle, in order: :meth:`RunDirectory.check` refuses a directory that holds another run and
 :meth:`RunDirectory.restore` reads the checkpoint -- both write nothing, so a bad input leaves the directory
 as it was; :meth:`RunDirectory.open` takes the lock, clears the debris of writes cut short, and starts the
@@ -44,7 +47,7 @@ from stlsgd.errors import ConfigError, StlsgdError
 from stlsgd.executors.checkpoint import TMP_PREFIX, TMP_SUFFIX, CheckpointError, load_checkpoint, save_checkpoint
 from stlsgd.executors.simulator import RunState
 from stlsgd.experiments.config import Experiment, dump_config, read_raw, validate
-from stlsgd.files import LockedError, dumps, lock_directory, write_json_atomic
+from stlsgd.files import LockedError, dumps, lock_directory, open_nofollow, refuse_links, write_json_atomic
 from stlsgd.problems.base import State
 
 CONFIG_FILE = "config.yaml"
@@ -65,7 +68,7 @@ class MetricsLog:
         self.lines = lines
         self.size = size
         self._sha = digest if digest is not None else hashlib.sha256()
-        self._fh = open(path, "r+b" if size else "wb")
+        self._fh = open_nofollow(path, "r+b" if size else "wb")  # never through a link (stlsgd.files)
         self._fh.seek(size)
         self._fh.truncate()  # lines written after the checkpoint (or torn by a full disk) would else remain
 
@@ -74,7 +77,7 @@ class MetricsLog:
         """Reopen at a checkpoint's recorded length after checking the kept prefix is the one it recorded."""
         digest = hashlib.sha256()
         try:
-            with open(path, "rb") as fh:
+            with open_nofollow(path, "rb") as fh:
                 prefix = fh.read(size)
         except FileNotFoundError:
             prefix = b""
@@ -140,6 +143,8 @@ class RunDirectory:
         if out.exists() and not out.is_dir():
             raise StlsgdError(f"{out}: exists and is not a directory; choose another --out")
         _check_writable(out)
+        if out.is_dir():
+            refuse_links(out)  # before anything is written: a link in a run directory is never written through
         if overwrite or not out.is_dir():
             return
         config_path = out / CONFIG_FILE

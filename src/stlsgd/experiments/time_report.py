@@ -31,6 +31,7 @@ class RowUsage:
     method: str
     usage: Usage | None
     seeds: int
+    unpriced: int = 0  # seeds that reached the target but whose client-steps and bytes are neither recorded nor rebuilt
 
 
 def _sweep_file(best: dict[str, Any]) -> Path | None:
@@ -81,6 +82,7 @@ def row_usages(best: dict[str, Any]) -> list[RowUsage]:
     out = []
     for label, info in best["methods"].items():
         usages = []
+        unpriced = 0
         for seed, rec in (info.get("seeds") or {}).items():
             if rec.get("status") != "reached":
                 continue
@@ -90,9 +92,31 @@ def row_usages(best: dict[str, Any]) -> list[RowUsage]:
                 rebuilt = _rebuilt(best, label, info, seed, rec)
                 if rebuilt is not None:
                     usages.append(rebuilt)
+                else:
+                    unpriced += 1
         median = Usage(*(statistics.median(u[i] for u in usages) for i in range(3))) if usages else None
-        out.append(RowUsage(label, info.get("method") or "", median, len(usages)))
+        out.append(RowUsage(label, info.get("method") or "", median, len(usages), unpriced))
     return out
+
+
+def unpriced_reason(best: dict[str, Any]) -> str | None:
+    """Why rows whose seeds reached the target have no usage (so a time cell shows "—"), in one line; None when
+    every such seed is priced."""
+    rows = [r.label for r in row_usages(best) if r.unpriced]
+    if not rows:
+        return None
+    which = f"{len(rows)} row{'s' if len(rows) > 1 else ''} ({', '.join(rows[:3])}{', ...' if len(rows) > 3 else ''})"
+    named = best.get("config") or "(none recorded)"
+    if _sweep_file(best) is None:
+        return (
+            f"{which} record no client-steps or bytes (a sweep of an older stlsgd) and the sweep file it names, "
+            f"{named}, is not found under the working directory or any folder above the sweep, so they cannot be "
+            f"rebuilt and their times show as —; run the report from the folder that holds {named}"
+        )
+    return (
+        f"{which} record no client-steps or bytes and their settings are not in the sweep file {named} any more, "
+        "so they cannot be rebuilt and their times show as —"
+    )
 
 
 def time_cells(best: dict[str, Any], network: Network) -> dict[str, str]:
@@ -114,20 +138,18 @@ def crossovers(
     best: dict[str, Any], network: Network, against: tuple[str, ...] = ("local_sgd", "sync_sgd", "lb_sgd")
 ) -> list[str]:
     """Lines 'row A vs row B: A is faster above alpha*' for every STL-SGD row against the baseline methods."""
-    rows = [r for r in row_usages(best) if r.usage is not None]
+    rows = [(r, r.usage) for r in row_usages(best) if r.usage is not None]
     lines = []
-    for a in rows:
+    for a, ua in rows:
         if not a.method.startswith("stl"):
             continue
-        for b in rows:
+        for b, ub in rows:
             if b.method not in against:
                 continue
-            alpha = crossover_latency(a.usage, b.usage, network)
-            faster = a.usage.rounds < b.usage.rounds
+            alpha = crossover_latency(ua, ub, network)
+            faster = ua.rounds < ub.rounds
             if alpha is None:
-                winner = (
-                    a.label if predict(*a.usage, network).total_s <= predict(*b.usage, network).total_s else b.label
-                )
+                winner = a.label if predict(*ua, network).total_s <= predict(*ub, network).total_s else b.label
                 lines.append(f"{a.label} vs {b.label}: {winner} is faster at every latency")
             else:
                 fewer, more = (a.label, b.label) if faster else (b.label, a.label)
@@ -147,6 +169,7 @@ def time_selected(best: dict[str, Any], records: list[dict[str, Any]], network: 
         for r in records:
             if r["label"] != label or r["phase"] != "grid" or r["status"] != "reached":
                 continue
+            usage: Usage | None
             if r.get("client_steps") is not None and r.get("bytes_per_client") is not None:
                 usage = Usage(r["rounds_to_target"], r["bytes_per_client"], r["client_steps"])
             else:

@@ -52,6 +52,18 @@ class MethodGrid(StrictModel):
             raise ValueError(f"unknown method {method!r}; known: {', '.join(REGISTRY)}")
         return method
 
+    @field_validator("label")
+    @classmethod
+    def _printable(cls, label: str | None) -> str | None:
+        return None if label is None else _printable_text(label)
+
+
+def _printable_text(text: str) -> str:
+    """Labels and names are printed in messages and tables: no control characters (NUL, newline, ...)."""
+    if not text.strip() or not text.isprintable():
+        raise ValueError(f"must be non-empty text without control characters (NUL, newline, tab, ...), got {text!r}")
+    return text
+
 
 class SweepSpec(StrictModel):
     """A sweep file: base experiment, per-method grids and the seeds used to rerun each best setting."""
@@ -63,6 +75,11 @@ class SweepSpec(StrictModel):
     prune: bool = True
     base: dict[str, Any] = Field(default_factory=dict)
     methods: list[MethodGrid] = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, name: str) -> str:
+        return _printable_text(name)
 
     @field_validator("seeds")
     @classmethod
@@ -163,9 +180,18 @@ def load_sweep(path: str | Path, *, only: list[str] | None = None, limit: int | 
         for key, values in mg.grid.items():
             if not values:
                 raise ConfigError(f"{path}: methods[{i}].grid.{key}: empty list")
+    if only:
+        unknown = [label for label in only if label not in labels]
+        if unknown:
+            raise ConfigError(f"{path}: --only: unknown label {unknown[0]!r}; labels: {', '.join(labels)}")
+    for i, (mg, label) in enumerate(zip(spec.methods, labels)):
+        if only and label not in only:
+            continue  # not run: not expanded either (a large grid costs its validation time)
         keys = list(mg.grid)
+        combos = itertools.product(*(mg.grid[k] for k in keys))
+        # The product is walked lazily: --limit N expands (and validates) only the first N settings.
         runs: list[RunSpec] = []
-        for combo in itertools.product(*(mg.grid[k] for k in keys)):
+        for combo in itertools.islice(combos, limit) if limit else combos:
             settings = dict(zip(keys, combo))
             config = copy.deepcopy(base)
             config["name"] = f"{spec.name}/{label}"
@@ -179,12 +205,8 @@ def load_sweep(path: str | Path, *, only: list[str] | None = None, limit: int | 
             exp = validate(config, f"{path}: methods[{i}] ({label}{': ' + where if where else ''})")
             resolved = exp.to_dict()
             runs.append(RunSpec(config_key(resolved), label, mg.method, "grid", 0, exp.run.seed, settings, resolved))
-        per_label.append(runs[:limit] if limit else runs)
+        per_label.append(runs)
     if only:
-        unknown = [label for label in only if label not in labels]
-        if unknown:
-            raise ConfigError(f"{path}: --only: unknown label {unknown[0]!r}; labels: {', '.join(labels)}")
-        per_label = [runs for label, runs in zip(labels, per_label) if label in only]
         labels = [label for label in labels if label in only]
     grid = list(_interleave(per_label))
     for order, run_spec in enumerate(grid):
