@@ -1,7 +1,7 @@
 """Wall time of the whole Table 2 sweep: the four columns, every method, the paper's full grids.
 
     .venv/bin/python benchmarks/bench_table2.py --data-dir ../shared/data [--jobs 2] [--out DIR]
-        [--columns a9a_iid mnist_iid ...] [--sweeps table2plus] [--floor-only] [--limit N]
+        [--columns a9a_iid mnist_iid ...] [--sweeps table2plus] [--floor-only] [--limit N] [--only LABEL]
         [--cluster local:2 | tcp://HOST:PORT] [--compare-cluster local:2]
 
 Prints, per column, the wall time, the runs by status, the summed run time (the serial cost the sweep's
@@ -55,6 +55,7 @@ def time_sweeps(
     target_s: float,
     cluster: str | None = None,
     floor: bool = True,
+    only: list[str] | None = None,
 ) -> float:
     """Run each sweep file into ``out`` in turn, print its wall time, runs, summed run time and floor, then the
     total; return it."""
@@ -65,7 +66,9 @@ def time_sweeps(
     for config in configs:
         column = config.stem
         started = time.perf_counter()
-        run_sweep(config, out / column, jobs=jobs, data_dir=data_dir, quiet=True, limit=limit, cluster=cluster)
+        run_sweep(
+            config, out / column, jobs=jobs, data_dir=data_dir, quiet=True, limit=limit, cluster=cluster, only=only
+        )
         wall = time.perf_counter() - started
         total += wall
         records = read_results(out / column)
@@ -187,6 +190,7 @@ def main() -> None:
         default="table2",
         help="the sweep files: the paper's Table 2 (default) or Table 2+ (configs/paper/table2plus_*)",
     )
+    parser.add_argument("--only", action="append", metavar="LABEL", help="run only this row (repeatable; a probe)")
     parser.add_argument("--cluster", default=None, help="run the sweeps on Dask: local:N or tcp://HOST:PORT")
     parser.add_argument(
         "--compare-cluster",
@@ -207,7 +211,13 @@ def main() -> None:
     if args.floor_only:
         print_floor(configs, out, jobs=args.jobs, data_dir=args.data_dir, target_s=TARGET_S)
     elif args.compare_cluster:
-        common = {"jobs": args.jobs, "data_dir": args.data_dir, "limit": args.limit, "target_s": TARGET_S}
+        common = {
+            "jobs": args.jobs,
+            "data_dir": args.data_dir,
+            "limit": args.limit,
+            "target_s": TARGET_S,
+            "only": args.only,
+        }
         for config in configs:
             pool = time_sweeps([config], out / "pool", **common)
             dask = time_sweeps([config], out / "cluster", cluster=args.compare_cluster, floor=False, **common)
@@ -225,6 +235,7 @@ def main() -> None:
             limit=args.limit,
             target_s=TARGET_S,
             cluster=args.cluster,
+            only=args.only,
         )
 
 

@@ -178,3 +178,16 @@ def test_bad_cluster_address_is_one_line(config: Path, tmp_path: Path, capsys: p
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["stlsgd: error: --cluster local:0: local:N needs a number of workers N >= 1, e.g. local:4"]
     assert not (tmp_path / "o").exists()
+
+
+def test_unreachable_cluster_is_one_line_and_writes_nothing(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stlsgd.experiments.sweeps import cluster
+
+    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT_S", 2)
+    out = tmp_path / "o"
+    assert main(["sweep", str(config), "--out", str(out), "--cluster", "tcp://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("stlsgd: error: --cluster tcp://127.0.0.1:9: cannot reach"), err
+    assert not out.exists()

@@ -66,6 +66,7 @@ class DaskPool:
                 f"--cluster {spec}: needs dask.distributed; install stlsgd with the dask extra (pip install stlsgd[dask])"
             ) from None
         self.out, self.data_dir = out, data_dir
+        self.closed = False
         self.cluster: Any = None
         self.cores = 0  # threads per run for numba/torch; 0 leaves the worker's defaults
         if spec.startswith("local:"):
@@ -125,6 +126,9 @@ class DaskPool:
         pass
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         self.executor.shutdown(wait=False)
         try:
             self.variable.delete()

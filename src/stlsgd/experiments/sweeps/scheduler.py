@@ -81,19 +81,12 @@ class Scheduler:
     """Runs specs in a pool (local processes, or a Dask cluster), de-duplicating identical configs and keeping
     the pruning bounds."""
 
-    def __init__(
-        self, sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool, cluster: str | None = None
-    ) -> None:
+    def __init__(self, sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool, pool: Any = None) -> None:
         self.sweep, self.out, self.quiet = sweep, out, quiet
         self.records = read_results(out)  # every run on disk: a finished config is not redone
         self.current = current_records(sweep, self.records)  # what this sweep file chooses from and counts
-        self.pool: Any
-        if cluster is None:
-            self.pool = LocalPool(len(sweep.labels), out, jobs, data_dir)
-        else:
-            from stlsgd.experiments.sweeps.cluster import DaskPool
-
-            self.pool = DaskPool(cluster, len(sweep.labels), out, data_dir)
+        # A Dask pool is connected by run_sweep, before the output directory is touched.
+        self.pool: Any = pool if pool is not None else LocalPool(len(sweep.labels), out, jobs, data_dir)
         for i, label in enumerate(sweep.labels):
             best = best_of(self.current, label) if sweep.prune else None
             if best is not None:
@@ -199,6 +192,20 @@ def run_sweep(
     out = Path(out) if out is not None else Path("runs") / "sweeps" / sweep.name
     if out.exists() and not out.is_dir():
         raise StlsgdError(f"{out}: exists and is not a directory; choose another --out")
+    pool = None
+    if cluster is not None:  # an unreachable cluster is refused before anything is written
+        from stlsgd.experiments.sweeps.cluster import DaskPool
+
+        pool = DaskPool(cluster, len(sweep.labels), out, data_dir)
+    try:
+        return _locked(sweep, out, max(1, jobs or os.cpu_count() or 1), data_dir, quiet, pool)
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
+
+
+def _locked(sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool, pool: Any) -> dict[str, Any]:
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = lock_directory(out)
@@ -210,14 +217,14 @@ def run_sweep(
     except OSError as err:
         raise StlsgdError(f"{out}: cannot write the sweep here ({err.strerror or err}); choose another --out") from None
     try:
-        return _run(sweep, out, max(1, jobs or os.cpu_count() or 1), data_dir, quiet, cluster)
+        return _run(sweep, out, jobs, data_dir, quiet, pool)
     finally:
         os.close(lock)
 
 
-def _run(sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool, cluster: str | None) -> dict[str, Any]:
+def _run(sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool, pool: Any) -> dict[str, Any]:
     started = time.perf_counter()
-    scheduler = Scheduler(sweep, out, jobs, data_dir, quiet, cluster)
+    scheduler = Scheduler(sweep, out, jobs, data_dir, quiet, pool)
     try:
         scheduler.run(sweep.grid)
         reruns: list[RunSpec] = []
