@@ -195,7 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="run a hyper-parameter grid per method, pick the best, rerun seeds")
     p.add_argument("config", help="sweep file (.toml or .yaml): [base] experiment + [[methods]] grids")
-    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all CPUs)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="worker processes of the local pool (default: all CPUs; not used with --cluster)",
+    )
     p.add_argument(
         "--cluster",
         metavar="ADDR",
