@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -191,3 +192,27 @@ def test_unreachable_cluster_is_one_line_and_writes_nothing(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("stlsgd: error: --cluster tcp://127.0.0.1:9: cannot reach"), err
     assert not out.exists()
+
+
+def test_a_killed_submitting_process_is_resumed_by_the_same_command(
+    cluster: tuple[str, Path], config: Path, local_best: dict, tmp_path: Path, shared_data: Path
+) -> None:
+    address, _ = cluster
+    out = tmp_path / "out"
+    args = ["sweep", str(config), "--out", str(out), "--cluster", address, "--quiet", "--data-dir", str(shared_data)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    first = subprocess.Popen([sys.executable, "-m", "stlsgd", *args], env=env, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "results.jsonl").is_file() or not (out / "results.jsonl").read_text().strip():
+            assert first.poll() is None and time.monotonic() < deadline, "the sweep ended before it was killed"
+            time.sleep(0.05)
+    finally:
+        first.kill()
+        first.wait()
+    done = len(read_results(out))
+    assert 1 <= done < 6
+    assert main(args) == 0
+    best = json.loads((out / "best.json").read_text())
+    assert best["complete"] and _chosen(best) == _chosen(local_best)
+    _check_complete(config, out)
