@@ -1,11 +1,15 @@
 """Wall time of the whole Table 2 sweep: the four columns, every method, the paper's full grids.
 
     .venv/bin/python benchmarks/bench_table2.py --data-dir ../shared/data [--jobs 2] [--out DIR]
-        [--columns a9a_iid mnist_iid ...] [--sweeps table2plus] [--floor-only]
+        [--columns a9a_iid mnist_iid ...] [--sweeps table2plus] [--floor-only] [--limit N] [--only LABEL]
+        [--cluster local:2 | tcp://HOST:PORT] [--compare-cluster local:2]
 
-Prints, per column, the wall time, the runs by status and the summed run time (the serial cost the sweep's
-pruning and parallelism had to absorb), then the total against the 20-minute target (ratio < 1 meets it) and
-the load average, since other processes on the machine slow every figure down. A finished column is skipped
+Prints, per column, the wall time, the runs by status, the summed run time (the serial cost the sweep's
+pruning and parallelism had to absorb) and the column's floor (below) with the summed run time's ratio to it,
+then the total against the 20-minute target (ratio < 1 meets it) and the load average, since other processes
+on the machine slow every figure down. ``--cluster`` runs the sweeps on Dask (``stlsgd sweep --cluster``);
+``--compare-cluster ADDR`` runs each column twice, with the local pool (``--jobs``) and on ``ADDR``, each into
+its own fresh directory, and prints the cluster's wall time against the pool's. A finished column is skipped
 on a rerun into the same --out (results.jsonl), so time a fresh --out. ``--sweeps table2plus`` times the
 Table 2+ files instead (configs/paper/table2plus_*.toml); ``--floor-only`` runs nothing and prints the floor
 of the sweeps already in --out (one directory per file, named after it).
@@ -42,30 +46,55 @@ TARGET_S = 20 * 60
 
 
 def time_sweeps(
-    configs: list[Path], out: Path, *, jobs: int, data_dir: str | None, limit: int | None, target_s: float
+    configs: list[Path],
+    out: Path,
+    *,
+    jobs: int,
+    data_dir: str | None,
+    limit: int | None,
+    target_s: float,
+    cluster: str | None = None,
+    floor: bool = True,
+    only: list[str] | None = None,
 ) -> float:
-    """Run each sweep file into ``out`` in turn, print its wall time and runs, then the total; return it."""
+    """Run each sweep file into ``out`` in turn, print its wall time, runs, summed run time and floor, then the
+    total; return it."""
     grids = f"first {limit} setting(s) of each row" if limit else "full grids"
-    print(f"load average before: {os.getloadavg()}, jobs={jobs}, {grids}, out={out}", flush=True)
+    where = f"cluster={cluster}" if cluster else f"jobs={jobs}"
+    print(f"load average before: {os.getloadavg()}, {where}, {grids}, out={out}", flush=True)
     total = 0.0
     for config in configs:
         column = config.stem
         started = time.perf_counter()
-        run_sweep(config, out / column, jobs=jobs, data_dir=data_dir, quiet=True, limit=limit)
+        run_sweep(
+            config, out / column, jobs=jobs, data_dir=data_dir, quiet=True, limit=limit, cluster=cluster, only=only
+        )
         wall = time.perf_counter() - started
         total += wall
         records = read_results(out / column)
         serial = sum(r["wall_s"] or 0.0 for r in records)
         statuses = dict(Counter(r["status"] for r in records))
         ratio = f"x{serial / wall:.2f} of wall" if wall >= 1.0 else "all finished before this run"
-        print(
+        line = (
             f"{column}: wall {wall:.1f} s, {len(records)} runs {statuses}, summed run time {serial:.1f} s "
-            f"({ratio}), load {os.getloadavg()[0]:.2f}",
-            flush=True,
+            f"({ratio}), load {os.getloadavg()[0]:.2f}"
         )
+        if floor:
+            floor_s = column_floor(config, out / column, jobs=jobs, data_dir=data_dir)
+            line += (
+                f", floor {floor_s:.1f} s on {jobs} job(s): summed run time x{serial / max(floor_s, 1e-9):.1f} of "
+                f"the floor (as docs/results/schedules.md states it), x{serial / max(floor_s * jobs, 1e-9):.1f} of "
+                "its serial time"
+            )
+        print(line, flush=True)
     print(f"total: {total:.1f} s for {len(configs)} sweeps; target {target_s:.0f} s; ratio {total / target_s:.2f}")
-    print_floor(configs, out, jobs=jobs, data_dir=data_dir, target_s=target_s)
     return total
+
+
+def column_floor(config: Path, sweep_dir: Path, *, jobs: int, data_dir: str | None) -> float:
+    """The column's floor in seconds on ``jobs`` jobs (see the module's docstring)."""
+    _, needed = local_client_steps(config, sweep_dir)
+    return needed * local_step_seconds(config, data_dir, jobs) / jobs
 
 
 def print_floor(configs: list[Path], out: Path, *, jobs: int, data_dir: str | None, target_s: float) -> None:
@@ -161,6 +190,14 @@ def main() -> None:
         default="table2",
         help="the sweep files: the paper's Table 2 (default) or Table 2+ (configs/paper/table2plus_*)",
     )
+    parser.add_argument("--only", action="append", metavar="LABEL", help="run only this row (repeatable; a probe)")
+    parser.add_argument("--cluster", default=None, help="run the sweeps on Dask: local:N or tcp://HOST:PORT")
+    parser.add_argument(
+        "--compare-cluster",
+        default=None,
+        metavar="ADDR",
+        help="run each column with the local pool (--jobs) and on ADDR (e.g. local:2) and compare wall times",
+    )
     parser.add_argument(
         "--floor-only",
         action="store_true",
@@ -173,8 +210,33 @@ def main() -> None:
     configs = [ROOT / "configs" / "paper" / f"{args.sweeps}_{column}.toml" for column in args.columns]
     if args.floor_only:
         print_floor(configs, out, jobs=args.jobs, data_dir=args.data_dir, target_s=TARGET_S)
+    elif args.compare_cluster:
+        common = {
+            "jobs": args.jobs,
+            "data_dir": args.data_dir,
+            "limit": args.limit,
+            "target_s": TARGET_S,
+            "only": args.only,
+        }
+        for config in configs:
+            pool = time_sweeps([config], out / "pool", **common)
+            dask = time_sweeps([config], out / "cluster", cluster=args.compare_cluster, floor=False, **common)
+            print(
+                f"{config.stem}: {args.compare_cluster} wall {dask:.1f} s vs local pool (--jobs {args.jobs}) "
+                f"{pool:.1f} s: x{dask / pool:.2f}",
+                flush=True,
+            )
     else:
-        time_sweeps(configs, out, jobs=args.jobs, data_dir=args.data_dir, limit=args.limit, target_s=TARGET_S)
+        time_sweeps(
+            configs,
+            out,
+            jobs=args.jobs,
+            data_dir=args.data_dir,
+            limit=args.limit,
+            target_s=TARGET_S,
+            cluster=args.cluster,
+            only=args.only,
+        )
 
 
 if __name__ == "__main__":

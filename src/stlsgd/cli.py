@@ -86,6 +86,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         only=args.only,
         limit=args.limit,
+        cluster=args.cluster,
     )
     return 0
 
@@ -209,9 +210,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="run a hyper-parameter grid per method, pick the best, rerun seeds")
     p.add_argument("config", help="sweep file (.toml or .yaml): [base] experiment + [[methods]] grids")
-    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all CPUs)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="worker processes of the local pool (default: all CPUs; not used with --cluster)",
+    )
+    p.add_argument(
+        "--cluster",
+        metavar="ADDR",
+        help="run on Dask instead: tcp://HOST:PORT (a running `dask scheduler`) or local:N (N local workers)",
+    )
     p.add_argument("--out", help="output directory (default runs/sweeps/NAME)")
-    p.add_argument("--data-dir", help="data directory (default $STLSGD_DATA or the user cache)")
+    p.add_argument(
+        "--data-dir", help="data directory (default $STLSGD_DATA or the user cache; with --cluster, as workers see it)"
+    )
     p.add_argument("--quiet", action="store_true", help="no line per finished run")
     p.add_argument("--only", action="append", metavar="LABEL", help="run only this row (repeatable)")
     p.add_argument(

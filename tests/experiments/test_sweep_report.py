@@ -82,6 +82,9 @@ def test_sweep_writes_results_and_best(swept: tuple[Path, Path, int]) -> None:
         assert chosen["min"] == min(rounds) and chosen["max"] == max(rounds)
         for v in seeds.values():
             assert (out / v["run_dir"] / "metrics.jsonl").is_file()
+    # Every run keeps its final model, as a plain `stlsgd run` does (the README says every run writes it).
+    for r in records:
+        assert (out / r["run_dir"] / "final_params.npz").is_file(), r["run_dir"]
     # SyncSGD evaluates every 5 rounds, so its round counts are multiples of 5.
     assert all(r["rounds_to_target"] % 5 == 0 for r in records if r["label"] == "SyncSGD" and r["status"] == "reached")
 

@@ -30,7 +30,7 @@ from typing import Any
 from stlsgd.costmodel import Network, check_profile_matches
 from stlsgd.errors import StlsgdError
 from stlsgd.experiments.plots import Curve, Panel, panels_figure
-from stlsgd.experiments.sweeps.results import BEST, read_results
+from stlsgd.experiments.sweeps.results import BEST, check_best, read_results
 from stlsgd.experiments.time_report import (
     compute_figure,
     crossovers,
@@ -56,6 +56,7 @@ def load_sweep_dir(directory: Path) -> dict[str, Any]:
         raise StlsgdError(f"{path}: not found (run `stlsgd sweep` into {directory} first)") from None
     except json.JSONDecodeError as exc:
         raise StlsgdError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    best = check_best(path, best)
     best["_dir"] = directory
     return best
 

@@ -1,9 +1,10 @@
 """Hyper-parameter sweeps with the paper's tuning protocol (Section 5): grids per method, pruning, seeds.
 
 - :mod:`.spec`: the sweep file and its expansion into validated runs;
-- :mod:`.worker`: one run in a worker process (data built once per worker, pruning);
+- :mod:`.worker`: one run in a worker process (data built once per worker, pruning, dying with the sweep);
 - :mod:`.scheduler`: the process pool, de-duplication, bounds, seed reruns (:func:`run_sweep`);
-- :mod:`.results`: ``results.jsonl``, the choice of the best setting and ``best.json``.
+- :mod:`.cluster`: the same runs on a Dask cluster (``--cluster tcp://HOST:PORT`` or ``local:N``);
+- :mod:`.results`: ``results.jsonl`` (foreign lines skipped), the choice of the best setting and ``best.json``.
 """
 
 from stlsgd.experiments.sweeps.results import (

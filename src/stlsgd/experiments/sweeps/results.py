@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, ValidationError
+
+from stlsgd.errors import StlsgdError
 from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, with_seed
-from stlsgd.files import append_jsonl, read_jsonl, write_json_atomic
+from stlsgd.files import append_jsonl, write_json_atomic
 
 RESULTS = "results.jsonl"
 BEST = "best.json"
@@ -34,9 +38,122 @@ RESULT_FIELDS = (
 )
 
 
+Number = StrictInt | StrictFloat
+
+
+class _Strict(BaseModel):
+    # Strict: a field of the wrong type is refused, not coerced ("3" is not 3); fields a later stlsgd adds pass.
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class ResultRecord(_Strict):
+    """One line of ``results.jsonl`` (what the scheduler, the choice of the best and the report read)."""
+
+    key: StrictStr
+    label: StrictStr
+    method: StrictStr | None = None
+    phase: Literal["grid", "seed"]
+    order: StrictInt
+    seed: StrictInt
+    settings: dict[str, Any]
+    status: Literal["reached", "pruned", "budget", "diverged", "failed"]
+    rounds_to_target: StrictInt | None = None
+    iterations_to_target: StrictInt | None = None
+    rounds: StrictInt | None = None
+    iterations: StrictInt | None = None
+    client_steps: StrictInt | None = None
+    bytes_per_client: Number | None = None
+    eval_every: StrictInt | None = None
+    eval_every_iterations: StrictInt | None = None
+    final_gap: Number | None = None
+    final_objective: Number | None = None
+    final_accuracy: Number | None = None
+    num_samples: StrictInt | None = None
+    wall_s: Number | None = None
+    run_dir: StrictStr
+    error: StrictStr | None = None
+
+
+class _SeedBest(_Strict):
+    status: StrictStr
+    rounds_to_target: StrictInt | None = None
+    iterations_to_target: StrictInt | None = None
+    client_steps: StrictInt | None = None
+    bytes_per_client: Number | None = None
+    run_dir: StrictStr | None = None
+
+
+class _MethodBest(_Strict):
+    method: StrictStr | None = None
+    settings: dict[str, Any] | None = None
+    seeds: dict[str, _SeedBest] = {}
+    median: Number | None = None
+    min: Number | None = None
+    max: Number | None = None
+    tried: dict[str, StrictInt] = {}
+
+
+class BestFile(_Strict):
+    """``best.json``, as the report reads it."""
+
+    sweep: StrictStr
+    dataset: StrictStr
+    labels: list[StrictStr]
+    methods: dict[str, _MethodBest]
+    seeds: list[StrictInt]
+    num_clients: StrictInt | None = None
+    num_samples: StrictInt | None = None
+    target_gap: Number | None = None
+
+
+def _where(err: ValidationError) -> str:
+    first = err.errors()[0]
+    field = ".".join(str(x) for x in first["loc"]) or "the record"
+    return f"{field}: {first['msg'].lower()}"
+
+
+def check_best(path: Path, best: Any) -> dict[str, Any]:
+    """``best`` (read from ``path``) as a dict with every field the report needs, or a one-line error."""
+    try:
+        BestFile.model_validate(best)
+    except ValidationError as err:
+        raise StlsgdError(
+            f"{path}: not a best.json stlsgd sweep wrote ({_where(err)}); rerun `stlsgd sweep` into {path.parent}"
+        ) from None
+    for label in best["labels"]:
+        if label not in best["methods"]:
+            raise StlsgdError(f"{path}: labels names {label!r}, which methods lacks; rerun `stlsgd sweep`")
+    return dict(best)
+
+
 def read_results(out: Path) -> list[dict[str, Any]]:
-    """Every record of ``OUT/results.jsonl``; a line torn by a crash is skipped (its run is simply redone)."""
-    return read_jsonl(out / RESULTS)
+    """Every record of ``OUT/results.jsonl``. A line torn by a crash, or a record that is not a sweep result
+    (another tool's line, a hand edit), is skipped with a warning naming the line: its run is simply redone."""
+    path = out / RESULTS
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    records = []
+    lines = data.split(b"\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            last = number == len(lines) or (number == len(lines) - 1 and not lines[-1])
+            what = "a last line cut short (a crash or a full disk?)" if last else "a malformed line"
+            print(f"stlsgd: warning: {path}:{number}: skipping {what}", file=sys.stderr)
+            continue
+        try:
+            records.append(ResultRecord.model_validate(raw).model_dump())
+        except ValidationError as err:
+            print(
+                f"stlsgd: warning: {path}:{number}: skipping a line that is not a sweep result ({_where(err)})",
+                file=sys.stderr,
+            )
+    return records
 
 
 def append_result(out: Path, record: dict[str, Any]) -> None:
@@ -127,7 +244,7 @@ def _closest(tried: list[dict[str, Any]]) -> dict[str, Any] | None:
     def score(r: dict[str, Any]) -> float | None:
         return r["final_gap"] if r["final_gap"] is not None else r["final_objective"]
 
-    closest = min((r for r in tried if score(r) is not None), key=score, default=None)
+    closest = min((r for r in tried if score(r) is not None), key=lambda r: float(score(r) or 0.0), default=None)
     if closest is None:
         return None
     return {k: closest[k] for k in ("settings", "status", "rounds", "final_gap", "final_objective", "run_dir")}

@@ -37,25 +37,60 @@ from stlsgd.experiments.sweeps.worker import NO_BOUND, execute, init_worker
 from stlsgd.files import LockedError, lock_directory
 
 
-class Scheduler:
-    """Runs specs in a process pool, de-duplicating identical configs and keeping the pruning bounds."""
+class LocalPool:
+    """A process pool on this machine; the pruning bounds live in shared memory that workers read every round."""
 
-    def __init__(self, sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool) -> None:
-        self.sweep, self.out, self.quiet = sweep, out, quiet
-        self.records = read_results(out)  # every run on disk: a finished config is not redone
-        self.current = current_records(sweep, self.records)  # what this sweep file chooses from and counts
+    def __init__(self, labels: int, out: Path, jobs: int, data_dir: str | None) -> None:
         ctx = mp.get_context("spawn")  # numba and torch are not fork-safe; workers start clean
-        self.bound = ctx.RawArray("q", len(sweep.labels))
-        for i, label in enumerate(sweep.labels):
-            best = best_of(self.current, label) if sweep.prune else None
-            self.bound[i] = best["rounds_to_target"] if best else NO_BOUND
-        self._pool_args = {
+        self.out = out
+        self.bound = ctx.RawArray("q", labels)
+        for i in range(labels):
+            self.bound[i] = NO_BOUND
+        self._args: dict[str, Any] = {
             "max_workers": jobs,
             "mp_context": ctx,
             "initializer": init_worker,
-            "initargs": (self.bound, data_dir, jobs),
+            "initargs": (self.bound, data_dir, jobs, os.getpid()),
         }
-        self.pool = ProcessPoolExecutor(**self._pool_args)
+        self.executor = ProcessPoolExecutor(**self._args)
+        self.generation = 0  # counts restarts: a run of an older, broken pool does not break the new one
+
+    def lower(self, slot: int, rounds: int) -> None:
+        self.bound[slot] = min(self.bound[slot], rounds)
+
+    def submit(self, task: dict[str, Any]) -> Future:
+        return self.executor.submit(execute, {**task, "out": str(self.out / "runs" / task["key"])})
+
+    def collect(self, result: dict[str, Any], key: str) -> dict[str, Any]:
+        return result  # the worker wrote the run's files into OUT/runs/<key>/ itself
+
+    def lost(self, exc: BaseException) -> bool:
+        return isinstance(exc, BrokenProcessPool)
+
+    def restart(self) -> None:
+        """After a worker died every run of the pool fails with it: a fresh pool runs them again."""
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.executor = ProcessPoolExecutor(**self._args)
+        self.generation += 1
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+class Scheduler:
+    """Runs specs in a pool (local processes, or a Dask cluster), de-duplicating identical configs and keeping
+    the pruning bounds."""
+
+    def __init__(self, sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool, pool: Any = None) -> None:
+        self.sweep, self.out, self.quiet = sweep, out, quiet
+        self.records = read_results(out)  # every run on disk: a finished config is not redone
+        self.current = current_records(sweep, self.records)  # what this sweep file chooses from and counts
+        # A Dask pool is connected by run_sweep, before the output directory is touched.
+        self.pool: Any = pool if pool is not None else LocalPool(len(sweep.labels), out, jobs, data_dir)
+        for i, label in enumerate(sweep.labels):
+            best = best_of(self.current, label) if sweep.prune else None
+            if best is not None:
+                self.pool.lower(i, best["rounds_to_target"])
         self.done_count = 0
         self.lost: dict[str, int] = {}  # key -> times its worker process died under it
 
@@ -67,8 +102,7 @@ class Scheduler:
         self.records.append(record)
         self.current.append(record)
         if record["phase"] == "grid" and record["status"] == "reached" and self.sweep.prune:
-            i = self.sweep.labels.index(record["label"])
-            self.bound[i] = min(self.bound[i], record["rounds_to_target"])
+            self.pool.lower(self.sweep.labels.index(record["label"]), record["rounds_to_target"])
         self.done_count += 1
         # best.json follows every result, so an interrupted sweep can still be reported (marked incomplete).
         write_best(self.out, self.sweep, self.current, complete=False)
@@ -87,31 +121,32 @@ class Scheduler:
                 self._keep({**make_record(spec, None, None), **{k: prior.get(k) for k in RESULT_FIELDS}})
                 continue
             groups.setdefault(spec.key, []).append(spec)
-        pending: dict[Future, tuple[list[RunSpec], ProcessPoolExecutor]] = {}
+        pending: dict[Future, tuple[list[RunSpec], int]] = {}  # future -> its runs and the pool's generation
         for group in groups.values():
-            pending[self._submit(group)] = (group, self.pool)
+            pending[self._submit(group)] = (group, self.pool.generation)
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
-                group, pool = pending.pop(fut)
+                group, generation = pending.pop(fut)
+                key = group[0].key
                 try:
-                    summary, error = fut.result(), None
-                except BrokenProcessPool:
-                    # A worker process died (killed, out of memory): every run of its pool fails with it, so
-                    # each is run again on a fresh pool -- and recorded as failed if that happens twice.
-                    key = group[0].key
-                    self.lost[key] = self.lost.get(key, 0) + 1
-                    if self.lost[key] < 2:
-                        if pool is self.pool:
-                            self.pool.shutdown(wait=False, cancel_futures=True)
-                            self.pool = ProcessPoolExecutor(**self._pool_args)
-                        pending[self._submit(group)] = (group, self.pool)
-                        continue
-                    summary, error = None, "its worker process died twice (killed, or out of memory?)"
+                    summary, error = self.pool.collect(fut.result(), key), None
                 except StlsgdError as exc:  # a run's own input error: one line, recorded
                     summary, error = None, str(exc)
                 except Exception as exc:  # noqa: BLE001 -- a worker error is recorded; the sweep goes on
-                    summary, error = None, "".join(traceback.format_exception(exc))[-2000:]
+                    if not self.pool.lost(exc):
+                        summary, error = None, "".join(traceback.format_exception(exc))[-2000:]
+                    else:
+                        # A worker process died (killed, out of memory) under this run: it is run again, and
+                        # recorded as failed if that happens twice. A process pool breaks as a whole: each of
+                        # its runs comes here and goes to one fresh pool.
+                        self.lost[key] = self.lost.get(key, 0) + 1
+                        if self.lost[key] < 2:
+                            if generation == self.pool.generation:
+                                self.pool.restart()
+                            pending[self._submit(group)] = (group, self.pool.generation)
+                            continue
+                        summary, error = None, "its worker process died twice (killed, or out of memory?)"
                 for spec in group:
                     self._keep(make_record(spec, summary, error))
 
@@ -123,11 +158,10 @@ class Scheduler:
             if group[0].phase == "seed" or not self.sweep.prune
             else sorted({self.sweep.labels.index(s.label) for s in group})
         )
-        task = {"config": group[0].config, "out": str(self.out / "runs" / group[0].key), "slots": slots}
-        return self.pool.submit(execute, task)
+        return self.pool.submit({"config": group[0].config, "key": group[0].key, "slots": slots})
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.pool.close()
 
 
 def run_sweep(
@@ -139,16 +173,39 @@ def run_sweep(
     quiet: bool = False,
     only: list[str] | None = None,
     limit: int | None = None,
+    cluster: str | None = None,
 ) -> dict[str, Any]:
-    """Run (or continue) a sweep; returns the content written to ``OUT/best.json``."""
+    """Run (or continue) a sweep; returns the content written to ``OUT/best.json``.
+
+    ``cluster`` runs it on Dask instead of a local process pool: ``tcp://HOST:PORT`` (a running ``dask
+    scheduler``) or ``local:N`` (a ``LocalCluster`` of N one-thread worker processes); ``data_dir`` is then
+    the data directory as the workers see it. This process alone writes ``OUT``."""
     if jobs is not None and jobs < 1:
         raise StlsgdError(f"--jobs: must be >= 1, got {jobs}")
     if limit is not None and limit < 1:
         raise StlsgdError(f"--limit: must be >= 1, got {limit}")
+    if cluster is not None:
+        from stlsgd.experiments.sweeps.cluster import check_cluster
+
+        check_cluster(cluster)
     sweep = load_sweep(config, only=only, limit=limit)
     out = Path(out) if out is not None else Path("runs") / "sweeps" / sweep.name
     if out.exists() and not out.is_dir():
         raise StlsgdError(f"{out}: exists and is not a directory; choose another --out")
+    pool = None
+    if cluster is not None:  # an unreachable cluster is refused before anything is written
+        from stlsgd.experiments.sweeps.cluster import DaskPool
+
+        pool = DaskPool(cluster, len(sweep.labels), out, data_dir)
+    try:
+        return _locked(sweep, out, max(1, jobs or os.cpu_count() or 1), data_dir, quiet, pool)
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
+
+
+def _locked(sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool, pool: Any) -> dict[str, Any]:
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = lock_directory(out)
@@ -160,14 +217,14 @@ def run_sweep(
     except OSError as err:
         raise StlsgdError(f"{out}: cannot write the sweep here ({err.strerror or err}); choose another --out") from None
     try:
-        return _run(sweep, out, max(1, jobs or os.cpu_count() or 1), data_dir, quiet)
+        return _run(sweep, out, jobs, data_dir, quiet, pool)
     finally:
         os.close(lock)
 
 
-def _run(sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool) -> dict[str, Any]:
+def _run(sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool, pool: Any) -> dict[str, Any]:
     started = time.perf_counter()
-    scheduler = Scheduler(sweep, out, jobs, data_dir, quiet)
+    scheduler = Scheduler(sweep, out, jobs, data_dir, quiet, pool)
     try:
         scheduler.run(sweep.grid)
         reruns: list[RunSpec] = []
