@@ -168,6 +168,9 @@ def test_ddp_accumulation_and_amp_keep_working_without_ddps_per_step_all_reduce(
         assert res["averages"] == 4  # rounds of 5 counted optimizer steps
         assert res["in_sync"] is True
     assert a["weights"] == b["weights"] and a["bn_mean"] == b["bn_mean"]
+    # The inner module of a live DDP was refused in one line (its all-reduce would have stayed on).
+    assert a["inner_refused"] == b["inner_refused"]
+    assert a["inner_refused"].startswith("model: a live DistributedDataParallel wraps this module")
     assert "DDP's per-step gradient all-reduce is switched off" in result.stderr
 
 
