@@ -4,11 +4,10 @@ same parameters, and a per-rank checkpoint in the middle of a round resumes exac
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
-from dist_helpers import REPO, TORCHRUN, free_port, launch_env
+from dist_helpers import torchrun_worker
 
 from stlsgd.data import load_dataset, make_partition
 from stlsgd.executors.rules import RoundRule
@@ -42,21 +41,7 @@ def test_drop_in_drift_is_the_simulators_and_resumes_exactly(tmp_path: Path) -> 
     touches only the sampled row's non-zeros, while the drop-in's autograd adds lambda w to the full gradient;
     the two orders of the same arithmetic differ in the last bits, so the parameters agree to rtol 1e-10 (the
     tolerance the simulator's own SCAFFOLD reference test uses). The resume is exact (same process order)."""
-    result = subprocess.run(
-        [
-            TORCHRUN,
-            "--nproc_per_node=2",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            REPO / "tests" / "distributed" / "dropin_drift_worker.py",
-            tmp_path,
-        ],
-        cwd=REPO,
-        env=launch_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    result = torchrun_worker("dropin_drift_worker.py", tmp_path, timeout_s=240)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     drifted, plain = _simulate(True), _simulate(False)
