@@ -20,6 +20,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+# The paper's methods register before these (the README's methods table, `stlsgd methods`, lists them in order).
+from stlsgd.algorithms import stl_sgd as _paper_methods  # noqa: E402, F401, I001
 from stlsgd.algorithms.plan import (
     NO_FEEDBACK,
     Cosine,
