@@ -37,16 +37,16 @@ What it leaves to you, and what it does:
   step on the averaged update (:class:`~stlsgd.executors.averaging.OuterNesterov`), with any plan.
 - **Drift correction** (``drift=True``; SCAFFOLD, Karimireddy et al. ICML 2020, option II, as the simulator's
   ``algorithm.drift``): each process keeps a control variate c_i (one tensor per parameter) and the group's mean
-  c; a pre-step hook adds c - c_i to every gradient before the optimizer's step, and at the end of a round
-  c_i <- c_i - c + (x_start - x_i) / (sum of the round's learning rates of the parameter's group), the c_i
-  riding in the same all-reduce as the model (a round sends twice the parameters' bytes). With plain SGD this
-  is SCAFFOLD exactly (the simulator's numbers, tests/distributed/test_dropin_drift.py). With momentum or Adam
-  the correction is added to the gradient *before* the optimizer, so it passes through the momentum buffer
-  (and Adam's normalisation): x_start - x_i is then the optimizer's whole update, and (x_start - x_i)/sum(lr)
-  its mean direction per unit of lr -- a control variate of the update rather than of the gradient, which
-  still cancels the processes' drift towards their own optima but is not SCAFFOLD's analysis. Each rank's
-  c_i is in its :meth:`PlanAverager.state_dict` (per-rank checkpoints resume exactly; another rank's state is
-  refused).
+  c; a pre-step hook adds c - c_i to every gradient before the optimizer's step, and at the end of a round c_i
+  becomes the lr-weighted mean of the round's gradients (as the optimizer received them, before the
+  correction; lrs of the parameter's group), the c_i riding in the same all-reduce as the model (a round sends
+  twice the parameters' bytes). With plain SGD that is option II's c_i - c + (x_start - x_i)/sum(lr) exactly:
+  the simulator's numbers (tests/distributed/test_dropin_drift.py). With momentum or Adam the correction is added
+  to the gradient *before* the optimizer, so it passes through the momentum buffer (and Adam's normalisation),
+  as the gradient does; c_i stays a mean of gradients (the displacement x_start - x_i would carry momentum's
+  1/(1 - beta) amplification into the next round's correction and grow it round after round). An optimizer's
+  own ``weight_decay`` is not in the gradients and so not in c_i. Each rank's c_i is in its
+  :meth:`PlanAverager.state_dict` (per-rank checkpoints resume exactly; another rank's state is refused).
 - **STL-SGD^nc's proximal term** 1/(2 gamma) ||x - x_s||^2 (a plan with ``gamma``; x_s the model at the start
   of the stage) is added to the gradients by a pre-step hook.
 - **Checkpoints**: :meth:`PlanAverager.state_dict` holds the plan's cursor, the step in the round, the anchor,

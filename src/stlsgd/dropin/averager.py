@@ -26,13 +26,14 @@ from stlsgd.executors import distributed
 from stlsgd.executors.averaging import OuterNesterov
 from stlsgd.executors.rules import (
     OptimizerState,
+    accumulate_gradients,
     add_proximal,
     check_optimizer_state,
+    control_from_gradients,
     drift_correction,
     optimizer_moments,
     outer_step,
     reset_moments,
-    update_control,
 )
 
 
@@ -101,13 +102,14 @@ class PlanAverager:
             self._callbacks.append(CsvLog(Path(csv)).write if self.rank == 0 else (lambda s: None))
         self.stats = RoundStats()
         self._anchor: list[torch.Tensor] | None = None  # x_s of Algorithm 3
-        self._start_params: list[torch.Tensor] | None = None  # the model at the round's start (outer step, drift)
+        self._start_params: list[torch.Tensor] | None = None  # the model at the round's start (outer step)
         self._outer_momentum: list[torch.Tensor] | None = None
         # Drift correction: this rank's control variate c_i and the group's mean c; each param group's sum of
         # the round's learning rates so far.
         self._control: list[torch.Tensor] | None = None
         self._control_mean: list[torch.Tensor] | None = None
         self._lr_sums: list[float] | None = None
+        self._grad_sums: list[torch.Tensor] | None = None  # sum of lr g over the round, per parameter
         self._group_of = _group_index(optimizer, self.flat.params)
         self._objective: float | None = None
         self._restored = False
@@ -245,6 +247,7 @@ class PlanAverager:
             "control": ckpt.copies(self._control),
             "control_mean": ckpt.copies(self._control_mean),
             "lr_sums": list(self._lr_sums) if mid and self._lr_sums is not None else None,
+            "grad_sums": ckpt.copies(self._grad_sums) if mid else None,
             "stats": dataclasses.asdict(self.stats),
             "rank": self.rank,
             "world_size": self.world_size,
@@ -302,12 +305,15 @@ class PlanAverager:
             raise ckpt.refuse(f"stats: {err}") from None
         driver = PlanDriver(self.plan)
         driver.load_state_dict(state, who=ckpt.WHO)
-        if not driver.at_boundary and (self.outer is not None or self.drift) and start is None:
+        if not driver.at_boundary and self.outer is not None and start is None:
             raise ckpt.refuse("a mid-round state without the round's starting model (start)")
+        if not driver.at_boundary and self.drift and (state["grad_sums"] is None or state["lr_sums"] is None):
+            raise ckpt.refuse("a mid-round state without the round's gradient sums (grad_sums, lr_sums)")
         self.driver = driver
         self._anchor, self._start_params, self._outer_momentum = anchor, start, outer_momentum
         self._control, self._control_mean = control, control_mean
         self._lr_sums = None if state["lr_sums"] is None else [float(x) for x in state["lr_sums"]]
+        self._grad_sums = ckpt.tensors_like(state["grad_sums"], params, "grad_sums")
         self._objective = state["objective"]
         self.stats = stats
         self._restored = True
@@ -325,10 +331,11 @@ class PlanAverager:
         if rnd.prox_gamma is not None and (rnd.new_anchor or self._anchor is None):
             # x_s of Algorithm 3: the averaged model at the start of the stage (the average just happened).
             self._anchor = ckpt.copies(params)
-        if self.outer is not None or self.drift:
+        if self.outer is not None:
             self._start_params = ckpt.copies(params)
         if self.drift:
             self._lr_sums = [0.0] * len(self.optimizer.param_groups)
+            self._grad_sums = [torch.zeros_like(p) for p in params]
             if self._control is None:
                 self._control = [torch.zeros_like(p) for p in params]
                 self._control_mean = [torch.zeros_like(p) for p in params]
@@ -372,9 +379,16 @@ class PlanAverager:
         grads = [p.grad for p in params]
         if rnd.prox_gamma is not None and self._anchor is not None:
             add_proximal(grads, params, [self._anchor[i] for i in live], rnd.prox_gamma)  # type: ignore[arg-type]
-        if self._control is not None and self._control_mean is not None:
-            correction = drift_correction([self._control[i] for i in live], [self._control_mean[i] for i in live])
-            torch._foreach_add_(grads, correction)  # type: ignore[arg-type]
+        if self._control is not None and self._control_mean is not None and self._grad_sums is not None:
+            with torch.no_grad():
+                lrs = self.optimizer.param_groups
+                accumulate_gradients(
+                    [self._grad_sums[i] for i in live],
+                    grads,  # type: ignore[arg-type]
+                    [0.0 if self._group_of[i] is None else float(lrs[self._group_of[i]]["lr"]) for i in live],  # type: ignore[index]
+                )
+                correction = drift_correction([self._control[i] for i in live], [self._control_mean[i] for i in live])
+                torch._foreach_add_(grads, correction)  # type: ignore[arg-type]
 
     def _after_hooked_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._last_ended = self._count()
@@ -398,20 +412,11 @@ class PlanAverager:
         params = self.flat.params
         riders = optimizer_moments(self.optimizer, params) if self.optimizer_state == "average" else []
         means: list[torch.Tensor] = []
-        if (
-            round_end
-            and self._control is not None
-            and self._control_mean is not None
-            and self._start_params is not None
-            and self._lr_sums is not None
-        ):
+        if round_end and self._control is not None and self._grad_sums is not None and self._lr_sums is not None:
+            sums = self._lr_sums
+            totals = [0.0 if where is None else sums[where] for where in self._group_of]
             with torch.no_grad():
-                correction = drift_correction(self._control, self._control_mean)
-                for i, (c, x0, p, d) in enumerate(zip(self._control, self._start_params, params, correction)):
-                    where = self._group_of[i]
-                    total = 0.0 if where is None else self._lr_sums[where]
-                    if total > 0:  # a parameter that took no step keeps its control variate
-                        update_control([c], [x0], [p.detach()], [d], total)
+                control_from_gradients(self._control, self._grad_sums, totals)
             means = [c.clone() for c in self._control]  # c = mean of the c_i, in the model's all-reduce
         if self.world_size > 1:
             self.stats.bytes_sent += all_reduce_mean(self.flat.flats, riders + means, self.group, self.world_size)

@@ -12,10 +12,16 @@ import torch
 from stlsgd.errors import StlsgdError
 
 STATE_FORMAT = "stlsgd-dropin"
-STATE_VERSION = 3  # 3: drift correction's control variates and the round's learning-rate sums
+STATE_VERSION = 3  # 3: drift correction's control variates and the round's sums of lr and lr * gradient
 WHO = "PlanAverager.load_state_dict"
 # Keys a version-2 state lacks, and what they meant then.
-_V2_DEFAULTS: dict[str, Any] = {"drift": False, "control": None, "control_mean": None, "lr_sums": None}
+_V2_DEFAULTS: dict[str, Any] = {
+    "drift": False,
+    "control": None,
+    "control_mean": None,
+    "lr_sums": None,
+    "grad_sums": None,
+}
 REQUIRED = (
     "plan",
     "cursor",

@@ -6,7 +6,9 @@ simulator (stacked clients, NumPy or torch), the torchrun executor, the drop-in 
 - :func:`drift_correction` and :func:`update_control`: SCAFFOLD's control variates (Karimireddy et al., ICML
   2020, option II): every step's gradient gets c - c_i; after the round
   c_i <- c_i - c + (x_start - y_i) / (sum of the round's learning rates), and c becomes the mean of the c_i
-  (sent with the model).
+  (sent with the model). Where the executor sees each step's gradient (the drop-in),
+  :func:`accumulate_gradients` and :func:`control_from_gradients` give the same c_i under plain SGD as the
+  lr-weighted mean of the round's gradients, which stays a gradient under momentum and Adam.
 - :func:`outer_step`: DiLoCo's outer step on the averaged model (:class:`OuterNesterov`).
 - :func:`optimizer_moments`, :func:`check_optimizer_state`: the optimizer-state policy at an average
   (``"keep"`` each process's own, ``"average"`` it with the model, ``"reset"`` it to zero).
@@ -79,6 +81,23 @@ def update_control(
         ci[...] = (x0 - y) / lr_sum - d
 
 
+def accumulate_gradients(sums: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], lrs: Sequence[float]) -> None:
+    """In place: sums += lr g, for the drop-in's control variate (see :func:`control_from_gradients`)."""
+    for total, g, lr in zip(sums, grads, lrs):
+        total.add_(g, alpha=lr)
+
+
+def control_from_gradients(control: Sequence[Any], sums: Sequence[Any], lr_sums: Sequence[float]) -> None:
+    """In place: c_i <- sum_t lr_t g_t / sum_t lr_t, the lr-weighted mean of the round's gradients (before the
+    correction). Under plain SGD x_start - y_i = sum_t lr_t (g_t + c - c_i), so this is :func:`update_control`'s
+    option II exactly; with momentum or Adam it stays a mean of gradients, where the displacement would carry the
+    optimizer's amplification (1/(1 - momentum)) into the next round's correction. A total of 0 (no step) keeps
+    c_i."""
+    for ci, total, lr_sum in zip(control, sums, lr_sums):
+        if lr_sum > 0:
+            ci[...] = total / lr_sum
+
+
 def outer_step(
     outer: OuterNesterov, start: Sequence[Any], averaged: Sequence[Any], momentum: list[Any] | None
 ) -> list[Any]:
@@ -118,7 +137,9 @@ __all__: list[str] = [
     "OptimizerState",
     "RoundRule",
     "add_proximal",
+    "accumulate_gradients",
     "check_optimizer_state",
+    "control_from_gradients",
     "copy_of",
     "drift_correction",
     "optimizer_moments",
