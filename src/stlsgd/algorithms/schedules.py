@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 from pydantic import Field, model_validator
 
 # The paper's methods register before these (the README's methods table, `stlsgd methods`, lists them in order).
@@ -59,7 +60,7 @@ class _LocalPlan(Plan):
         """The learning rate of the round's first step: the optimizer's when fed back, else the plan's own."""
         if feedback.lr is not None:
             return feedback.lr
-        return None if self.lrs is None else float(self.lrs(cursor.iteration))
+        return None if self.lrs is None else float(self.lrs(np.asarray(cursor.iteration)))
 
     def next_round(self, cursor: Cursor, feedback: Feedback = NO_FEEDBACK) -> Round:
         k = self.period_at(cursor, feedback)

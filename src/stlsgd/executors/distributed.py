@@ -179,6 +179,7 @@ def make_topology(num_clients: int, group: dist.ProcessGroup | None = None, dela
     ``delay_s`` is a latency injected before every average (to measure how a run's time grows with the
     network's latency, ``--inject-latency``): every rank waits it out before the collective."""
     pg = group if group is not None else dist.group.WORLD
+    assert pg is not None, "make_topology needs a process group"
     rank, world = pg.rank(), pg.size()
     device = comm_device(torch.device("cpu"), group)
 

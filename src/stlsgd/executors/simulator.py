@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from tqdm import tqdm
@@ -67,7 +67,9 @@ class StopRule:
         if rounds % self.eval_every == 0:
             return True
         every = self.eval_every_iterations
-        return bool(every) and iterations // every > last_eval_iteration // every
+        if not every:
+            return False
+        return iterations // every > last_eval_iteration // every
 
 
 @dataclass
@@ -240,11 +242,12 @@ def run(
             first = group[0]
             if first.new_anchor or (first.prox_gamma is not None and state.anchor is None):
                 state.anchor = copy_state({k: v[:1] for k, v in state.clients.items()})
-            prox = None if first.prox_gamma is None else (1.0 / first.prox_gamma, state.anchor)
+            prox = None if first.prox_gamma is None or state.anchor is None else (1.0 / first.prox_gamma, state.anchor)
             if len(group) > 1:
                 lrs = np.concatenate([g.learning_rates() for g in group])
                 started = time.perf_counter()
-                problem.sync_steps(state.clients, sampler.draw(len(group), rnd.batch), lrs, prox)
+                fused = cast(FusedSyncSteps, problem)  # fuse is only on for such problems
+                fused.sync_steps(state.clients, sampler.draw(len(group), rnd.batch), lrs, prox)
                 state.compute_s += time.perf_counter() - started
             else:
                 lrs = rnd.learning_rates()
@@ -275,7 +278,7 @@ def _local_round(loop: _Loop, rnd: Round, lrs: np.ndarray, state: RunState, prox
     # Clients are equal at a round's start: one row is the model x_start the round started from.
     start = copy_state({k: state.clients[k][:1] for k in params}) if rule.drift or rule.outer else None
     drift = None
-    if state.control is not None:
+    if state.control is not None and state.control_mean is not None:
         drift = dict(
             zip(params, drift_correction([state.control[k] for k in params], [state.control_mean[k] for k in params]))
         )

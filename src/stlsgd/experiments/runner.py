@@ -13,6 +13,7 @@ import dataclasses
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ def run_experiment(
     """
     check_checkpoint_every(checkpoint_every)
     out = Path(out)
-    options = dict(
+    options: dict[str, Any] = dict(
         data_dir=data_dir,
         overwrite=overwrite,
         progress=progress,
@@ -138,6 +139,7 @@ def _run(
     try:
         b, start, fstar = job.collectively(setup)
         start, fstar = job.broadcast((start, fstar))
+        assert start is not None, "rank 0 sends every rank its start"
         if start.state is None:  # ended before: rank 0 holds the summary
             return start.summary if job.is_root else None
         return _rounds(job, exp, b, start, fstar, rundir, on_round, progress, out, tensorboard)
@@ -163,6 +165,7 @@ def _rounds(
     template = b.problem.init_state(1, exp.run.seed)
     own = len(range(n_clients)[topology.clients])
     s = start.state
+    assert s is not None, "a run that ended before takes no rounds"
 
     def like(values: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if values is None else _like(template, values)
@@ -172,7 +175,7 @@ def _rounds(
         s,
         clients=replicate(_like(template, s.clients), own),
         anchor=like(s.anchor),
-        control=None if s.control is None else {k: v[topology.clients] for k, v in like(s.control).items()},
+        control=None if s.control is None else {k: v[topology.clients] for k, v in _like(template, s.control).items()},
         control_mean=like(s.control_mean),
         outer_momentum=like(s.outer_momentum),
     )
@@ -189,18 +192,21 @@ def _rounds(
                 rundir.checkpoint(full)
         return verdict
 
-    on_metrics = None
+    on_metrics: Callable[[dict[str, Any]], None] | None = None
     writer = None
-    if rundir is not None:
-        on_metrics = rundir.metrics.write
+    if rundir is not None and rundir.metrics is not None:
+        log = rundir.metrics
+        on_metrics = log.write
         if tensorboard is not None:
             from stlsgd.integrations.tensorboard import open_writer, write_metrics
 
             writer = open_writer(tensorboard)
 
-            def on_metrics(metrics: dict[str, Any]) -> None:
-                rundir.metrics.write(metrics)
+            def to_both(metrics: dict[str, Any]) -> None:
+                log.write(metrics)
                 write_metrics(writer, metrics)
+
+            on_metrics = to_both
 
     previous = (
         distributed.exit_on_sigterm(

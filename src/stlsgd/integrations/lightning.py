@@ -104,6 +104,8 @@ class StlsgdCallback(Callback):
             raise StlsgdError(
                 f"StlsgdCallback: needs exactly one optimizer, the module configures {len(trainer.optimizers)}"
             )
+        if strategy.model is None:
+            raise StlsgdError("StlsgdCallback: the strategy holds no model at the start of the fit")
         self.averager = PlanAverager(
             strategy.model, trainer.optimizers[0], self.plan, on_round=self.on_round, **self.options
         )
