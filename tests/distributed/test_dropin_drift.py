@@ -52,3 +52,20 @@ def test_drop_in_drift_is_the_simulators_and_resumes_exactly(tmp_path: Path) -> 
     assert np.abs(drifted - plain).max() > 1e-3  # and drift changes the result beyond the tolerance
     # The model and the control variate ride in one all-reduce: 2 x 64 float64 values a round, 6 rounds.
     assert ranks[0]["bytes"] == 6 * 2 * 64 * 8
+
+
+def test_each_of_fewer_than_four_clients_steps_on_its_own_rows() -> None:
+    # The kernel's margins come four clients at a time; the trailing clients of a block (2 clients here) read
+    # client 0's row before the fix, so the simulator's 2-client runs were not the drop-in's 2 processes.
+    from dropin_drift_worker import PLAN
+
+    ds = load_dataset("digits49")
+    problem = LogisticRegression(ds.X, ds.y)
+    rows = Sampler(make_partition(ds.y, 2, "noniid", seed=0, s=0), 3).draw(5, 1)
+    lrs = next(PLAN.rounds()).learning_rates()
+    both = problem.init_state(2)
+    problem.local_steps(both, rows, lrs, None)
+    for c in range(2):
+        alone = problem.init_state(1)
+        problem.local_steps(alone, rows[:, c : c + 1], lrs, None)
+        assert np.array_equal(both["w"][c], alone["w"][0])
