@@ -9,13 +9,12 @@ from __future__ import annotations
 import copy
 import csv
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from dist_helpers import REPO, TORCHRUN, free_port, launch_env, on_thread_ranks
+from dist_helpers import on_thread_ranks, torchrun_worker
 from torch import nn
 
 from stlsgd.algorithms import CRPSGD, QSR, STLSGD, LocalSGD, LRCoupled, PostLocalSGD
@@ -145,21 +144,7 @@ def test_momentum_at_an_average_follows_the_policy(policy: str) -> None:
 def test_ddp_accumulation_and_amp_keep_working_without_ddps_per_step_all_reduce(tmp_path: Path) -> None:
     # Real processes: DDP needs a registered process group. The worker trains a DDP-wrapped model with two
     # micro-batches a step (the first under ddp.no_sync()), autocast and a GradScaler that skips one step.
-    result = subprocess.run(
-        [
-            TORCHRUN,
-            "--nproc_per_node=2",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            REPO / "tests" / "distributed" / "dropin_ddp_worker.py",
-            tmp_path,
-        ],
-        cwd=REPO,
-        env=launch_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    result = torchrun_worker("dropin_ddp_worker.py", tmp_path, timeout_s=180)
     assert result.returncode == 0, result.stderr[-3000:]
     a, b = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     for res in (a, b):
@@ -168,6 +153,9 @@ def test_ddp_accumulation_and_amp_keep_working_without_ddps_per_step_all_reduce(
         assert res["averages"] == 4  # rounds of 5 counted optimizer steps
         assert res["in_sync"] is True
     assert a["weights"] == b["weights"] and a["bn_mean"] == b["bn_mean"]
+    # The inner module of a live DDP was refused in one line (its all-reduce would have stayed on).
+    assert a["inner_refused"] == b["inner_refused"]
+    assert a["inner_refused"].startswith("model: a live DistributedDataParallel wraps this module")
     assert "DDP's per-step gradient all-reduce is switched off" in result.stderr
 
 
@@ -250,8 +238,9 @@ def test_per_rank_checkpoints_resume_exactly_in_either_order(load_before: bool) 
 
 def test_rank_zeros_checkpoint_mid_round_is_refused_on_other_ranks() -> None:
     rank0, rank1 = _resume_case(True, "rank0", stop=9)
-    assert rank0["error"] is None  # rank 0's own state is fine; rank 1 refused it
-    assert rank1["error"].startswith("PlanAverager.load_state_dict: saved by rank 0 of 2 at step 3 of a round")
+    # Rank 0's own state is fine, rank 1 refuses it: every rank raises the same line (no rank is left waiting).
+    assert rank0["error"] == rank1["error"]
+    assert rank1["error"].startswith("rank 1: PlanAverager.load_state_dict: saved by rank 0 of 2 at step 3 of a round")
 
 
 def test_rank_zeros_checkpoint_at_a_round_boundary_is_exact_with_averaged_momentum() -> None:
@@ -260,7 +249,8 @@ def test_rank_zeros_checkpoint_at_a_round_boundary_is_exact_with_averaged_moment
         assert "whole" in res, res
         for key in res["whole"]:
             assert torch.equal(res["whole"][key], res["resumed"][key]), key
-    _, rank1 = _resume_case(True, "rank0", stop=6, policy="keep")
+    rank0, rank1 = _resume_case(True, "rank0", stop=6, policy="keep")
+    assert rank0["error"] == rank1["error"]
     assert "with optimizer_state='keep' each rank's momentum differs" in rank1["error"]
 
 

@@ -104,3 +104,20 @@ def test_calling_step_after_several_optimizer_steps_is_refused() -> None:
     with pytest.raises(StlsgdError, match="^StlsgdLocalSGD.step: the optimizer stepped 2 times since the last call"):
         local_sgd.step()
     local_sgd.close()
+
+
+def test_drift_passes_through_to_the_averager() -> None:
+    # One process: c is its own c_i, so the correction is 0; the control variate is still kept and saved.
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    kind = SimpleNamespace(distributed_type=DistributedType.NO)
+    with StlsgdLocalSGD(kind, model, optimizer, LocalSGD(k=2), drift=True) as local_sgd:
+        for _ in range(2):
+            model(torch.ones(1, 2)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            local_sgd.step()
+        saved = local_sgd.state_dict()
+    assert local_sgd.averager is not None and local_sgd.averager.drift
+    # The round's gradients were all ones (d/dw of w.x + b at x = 1): their lr-weighted mean is 1.
+    assert saved["drift"] and [c.tolist() for c in saved["control"]] == [[[1.0, 1.0]], [1.0]]

@@ -132,6 +132,13 @@ def test_a_single_device_fit_counts_rounds_without_averaging() -> None:
     assert callback.state_dict()["cursor"]["iteration"] == 6 and callback.state_dict()["step"] == 1
 
 
+def test_drift_passes_through_to_the_averager() -> None:
+    callback = StlsgdCallback(LocalSGD(k=3), drift=True)
+    _fit(_Tiny(), callback, 6)
+    assert callback.averager.drift and callback.state_dict()["drift"]
+    assert all(c.abs().sum() > 0 for c in callback.state_dict()["control"])  # one process: c_i = c, kept
+
+
 def test_manual_optimization_is_refused_in_one_line() -> None:
     with pytest.raises(StlsgdError, match="^StlsgdCallback: manual optimization is not supported") as err:
         _fit(_Tiny(manual=True), StlsgdCallback(LocalSGD(k=2)), 2)

@@ -15,7 +15,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -23,49 +23,11 @@ from stlsgd.errors import ConfigError, brief
 from stlsgd.executors import distributed
 from stlsgd.executors.averaging import replicate
 from stlsgd.executors.sampling import Sampler
-from stlsgd.executors.simulator import LOCAL, Callback, RunState, Topology, run
+from stlsgd.executors.simulator import Callback, RunState, Topology, run
 from stlsgd.experiments.build import Built, build, cache_dir, stop_rule
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.rundir import CHECKPOINT_FILE, RunDirectory, Start, check_checkpoint_every
 from stlsgd.threads import share_cores
-
-T = TypeVar("T")
-
-
-class _Alone:
-    """The simulator's job: one process holds every client."""
-
-    rank, world, is_root = 0, 1, True
-    backend: dict[str, Any] = {"executor": "sim"}
-
-    def collectively(self, fn: Callable[[], T]) -> T:
-        return fn()
-
-    def broadcast(self, obj: T) -> T:
-        return obj
-
-    def topology(self, num_clients: int) -> Topology:
-        return LOCAL
-
-
-class _Ranks:
-    """A torch.distributed job: setup collectives on the default group (long timeout), rounds on the timed one."""
-
-    def __init__(self, job: distributed.Job, delay_s: float = 0.0) -> None:
-        self.job = job
-        self.delay_s = delay_s
-        self.rank, self.world = job.rank, job.world
-        self.is_root = self.rank == 0
-        self.backend = {"executor": "dist", "comm": job.backend, "world_size": self.world}
-
-    def collectively(self, fn: Callable[[], T]) -> T:
-        return distributed.collectively(fn)
-
-    def broadcast(self, obj: T) -> T:
-        return distributed.broadcast_object(obj)
-
-    def topology(self, num_clients: int) -> Topology:
-        return distributed.make_topology(num_clients, self.job.group, self.delay_s)
 
 
 def run_experiment(
@@ -98,7 +60,7 @@ def run_experiment(
     """
     check_checkpoint_every(checkpoint_every)
     out = Path(out)
-    options = dict(
+    options: dict[str, Any] = dict(
         data_dir=data_dir,
         overwrite=overwrite,
         progress=progress,
@@ -112,13 +74,14 @@ def run_experiment(
     if backend == "sim":
         if inject_latency_s:
             raise ConfigError("--inject-latency: only with --backend dist (it delays the collectives)")
-        return _run(_Alone(), exp, out, **options)
+        return _run(distributed.ALONE, exp, out, **options)
     if backend != "dist":
         raise ConfigError(f"--backend: unknown backend {backend!r} (sim or dist)")
     share_cores(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # ranks on one machine split its cores
     job = distributed.join(comm_backend)
+    job.delay_s = inject_latency_s
     try:
-        summary = _run(_Ranks(job, inject_latency_s), exp, out, **options)
+        summary = _run(job, exp, out, **options)
     except distributed.CollectiveFailure:
         raise  # tearing the groups down could wait on the failed peer; the process is about to exit anyway
     except BaseException:
@@ -129,7 +92,7 @@ def run_experiment(
 
 
 def _run(
-    job: _Alone | _Ranks,
+    job: distributed.Place,
     exp: Experiment,
     out: Path,
     *,
@@ -176,6 +139,7 @@ def _run(
     try:
         b, start, fstar = job.collectively(setup)
         start, fstar = job.broadcast((start, fstar))
+        assert start is not None, "rank 0 sends every rank its start"
         if start.state is None:  # ended before: rank 0 holds the summary
             return start.summary if job.is_root else None
         return _rounds(job, exp, b, start, fstar, rundir, on_round, progress, out, tensorboard)
@@ -185,7 +149,7 @@ def _run(
 
 
 def _rounds(
-    job: _Alone | _Ranks,
+    job: distributed.Place,
     exp: Experiment,
     b: Built,
     start: Start,
@@ -201,6 +165,7 @@ def _rounds(
     template = b.problem.init_state(1, exp.run.seed)
     own = len(range(n_clients)[topology.clients])
     s = start.state
+    assert s is not None, "a run that ended before takes no rounds"
 
     def like(values: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if values is None else _like(template, values)
@@ -210,7 +175,7 @@ def _rounds(
         s,
         clients=replicate(_like(template, s.clients), own),
         anchor=like(s.anchor),
-        control=None if s.control is None else {k: v[topology.clients] for k, v in like(s.control).items()},
+        control=None if s.control is None else {k: v[topology.clients] for k, v in _like(template, s.control).items()},
         control_mean=like(s.control_mean),
         outer_momentum=like(s.outer_momentum),
     )
@@ -227,24 +192,27 @@ def _rounds(
                 rundir.checkpoint(full)
         return verdict
 
-    on_metrics = None
+    on_metrics: Callable[[dict[str, Any]], None] | None = None
     writer = None
-    if rundir is not None:
-        on_metrics = rundir.metrics.write
+    if rundir is not None and rundir.metrics is not None:
+        log = rundir.metrics
+        on_metrics = log.write
         if tensorboard is not None:
             from stlsgd.integrations.tensorboard import open_writer, write_metrics
 
             writer = open_writer(tensorboard)
 
-            def on_metrics(metrics: dict[str, Any]) -> None:
-                rundir.metrics.write(metrics)
+            def to_both(metrics: dict[str, Any]) -> None:
+                log.write(metrics)
                 write_metrics(writer, metrics)
+
+            on_metrics = to_both
 
     previous = (
         distributed.exit_on_sigterm(
             lambda: _fault(job, state, "stopped by the launcher (SIGTERM)", start.checkpoint_every, out)
         )
-        if isinstance(job, _Ranks)
+        if not job.alone
         else None
     )
     try:
@@ -268,7 +236,7 @@ def _rounds(
                     rule=b.rule,
                 )
     except Exception as exc:
-        if isinstance(job, _Ranks) and distributed.is_comm_failure(exc):
+        if not job.alone and distributed.is_comm_failure(exc):
             raise distributed.CollectiveFailure(
                 _fault(job, state, "lost the process group", start.checkpoint_every, out, brief(exc))
             ) from exc
@@ -281,12 +249,12 @@ def _rounds(
     full = _full(state, n_clients, topology)
     if rundir is None:
         return None
-    summary = summarize(exp, state, b, fstar, n_clients, job.backend)
+    summary = summarize(exp, state, b, fstar, n_clients, job.describe())
     rundir.finish(full, summary)
     return summary
 
 
-def _fault(job: _Ranks, state: RunState, what: str, every: int | None, out: Path, cause: str = "") -> str:
+def _fault(job: distributed.Place, state: RunState, what: str, every: int | None, out: Path, cause: str = "") -> str:
     timeout = distributed.collective_timeout().total_seconds()
     resume = (
         f"resume from rank 0's last checkpoint with the same command plus --resume ({out / CHECKPOINT_FILE})"
