@@ -4,16 +4,23 @@ process, no ray), and the client's proximal term against a hand computation."""
 from __future__ import annotations
 
 import copy
+import logging
 
 import numpy as np
 import pytest
 import torch
-from flwr.common import ndarrays_to_parameters
+import torch.nn.functional as F
+from flwr.client import NumPyClient
+from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server import SimpleClientManager
 from torch import nn
 
-from stlsgd.algorithms import STLSGD, LocalSGD
+from stlsgd.algorithms import STLSGD, AdaComm, LocalSGD
+from stlsgd.algorithms.plan import InverseTime
+from stlsgd.data import load_dataset, make_partition
 from stlsgd.errors import StlsgdError
 from stlsgd.integrations.flower import (
+    InProcessClientProxy,
     StlsgdClient,
     StlsgdFedAvg,
     get_weights,
@@ -22,6 +29,7 @@ from stlsgd.integrations.flower import (
     run_local_steps,
     unpack,
 )
+from stlsgd.problems.logistic import LogisticRegression
 
 
 def _net() -> nn.Module:
@@ -173,3 +181,278 @@ def test_a_plan_without_an_lr_sends_none_and_uses_the_clients_optimizer() -> Non
     optimizer = torch.optim.SGD(model.parameters(), lr=0.25)
     run_local_steps(model, BATCH, config, optimizer=optimizer, loss_fn=lambda out, y: model.weight.sum())
     torch.testing.assert_close(model.weight.detach(), torch.full((1, 2), -0.5))
+
+
+# --------------------------------------------------------------------------- untrusted clients
+
+
+class _Idle(NumPyClient):
+    """A client the server never calls: the tests hand aggregate_fit the results themselves."""
+
+
+GLOBAL = [np.zeros((2, 3), np.float32), np.zeros(3, np.float32)]
+
+
+def _configured(plan=None, clients: int = 4, **options) -> tuple[StlsgdFedAvg, list[InProcessClientProxy]]:
+    """A strategy that has configured round 1 of ``plan`` (Local SGD, k = 2) for ``clients`` clients."""
+    strategy = StlsgdFedAvg(
+        plan or LocalSGD(lr=0.1, k=2),
+        initial_parameters=ndarrays_to_parameters(GLOBAL),
+        min_fit_clients=clients,
+        min_available_clients=clients,
+        fraction_evaluate=0.0,
+        **options,
+    )
+    manager = SimpleClientManager()
+    proxies = [InProcessClientProxy(str(i), _Idle()) for i in range(clients)]
+    for p in proxies:
+        manager.register(p)
+    pairs = strategy.configure_fit(1, ndarrays_to_parameters(GLOBAL), manager)
+    assert len(pairs) == clients
+    return strategy, proxies
+
+
+def _res(arrays, n=10, loss=0.5, code=Code.OK, **metrics) -> FitRes:
+    params = arrays if isinstance(arrays, Parameters) else ndarrays_to_parameters(arrays)
+    return FitRes(Status(code, ""), params, n, {"stlsgd_loss": loss, **metrics})
+
+
+def _honest(value: float) -> list[np.ndarray]:
+    return [np.full(a.shape, value, a.dtype) for a in GLOBAL]
+
+
+HONEST = [_honest(v) for v in (1.0, 1.5, 2.0)]  # their mean: 1.5 everywhere
+
+
+def _bad_updates() -> dict[str, tuple[FitRes, str]]:
+    """A malformed update of each kind and the reason the server must give."""
+    nan = _honest(1.0)
+    nan[0][1, 2] = np.nan
+    inf = _honest(1.0)
+    inf[1][0] = -np.inf
+    return {
+        "nan": (_res(nan), "parameters: array 0 holds NaN or infinite values"),
+        "inf": (_res(inf), "parameters: array 1 holds NaN or infinite values"),
+        "broadcastable (1,)": (_res([np.ones(1, np.float32), np.ones(3, np.float32)]), "array 0 is float32[1]"),
+        "transposed": (_res([np.ones((3, 2), np.float32), np.ones(3, np.float32)]), "array 0 is float32[3, 2]"),
+        "float64": (_res([a.astype(np.float64) for a in _honest(1.0)]), "array 0 is float64[2, 3]"),
+        "too few arrays": (_res(_honest(1.0)[:1]), "parameters: 1 arrays, the global model has 2"),
+        "too many arrays": (_res([*_honest(1.0), np.ones(3, np.float32)]), "3 arrays, the global model has 2"),
+        "unreadable": (_res(Parameters(tensors=[b"junk", b"junk"], tensor_type="numpy.ndarray")), "unreadable"),
+        "num_examples 0": (_res(_honest(1.0), n=0), "num_examples must be an integer from 1 to 2^53, got 0"),
+        "num_examples -5": (_res(_honest(1.0), n=-5), "got -5"),
+        "num_examples 1e30": (_res(_honest(1.0), n=10**30), "got 1000000000000000000000000000000"),
+        "num_examples float": (_res(_honest(1.0), n=2.5), "got 2.5"),
+        "num_examples bool": (_res(_honest(1.0), n=True), "got True"),
+        "loss nan": (_res(_honest(1.0), loss=float("nan")), "stlsgd_loss must be a finite number"),
+        "loss inf": (_res(_honest(1.0), loss=float("inf")), "got inf"),
+        "loss 1e308": (_res(_honest(1.0), loss=1e308), "got 1e+308"),
+        "loss text": (_res(_honest(1.0), loss="low"), "got 'low'"),
+        "failed status": (_res(_honest(1.0), code=Code.FIT_NOT_IMPLEMENTED), "status FIT_NOT_IMPLEMENTED"),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_bad_updates()))
+def test_a_malformed_update_is_rejected_and_reported_and_the_rest_averaged(kind, caplog) -> None:
+    bad, reason = _bad_updates()[kind]
+    strategy, proxies = _configured()
+    results = [(proxies[i], _res(HONEST[i])) for i in range(3)] + [(proxies[3], bad)]
+    with caplog.at_level(logging.WARNING, logger="stlsgd"):
+        parameters, metrics = strategy.aggregate_fit(1, results, [])
+    assert parameters is not None
+    for got in parameters_to_ndarrays(parameters):
+        np.testing.assert_array_equal(got, np.full(got.shape, 1.5, np.float32))  # the three honest ones only
+    assert metrics["stlsgd_rejected"] == 1
+    assert metrics["stlsgd_rejections"].startswith("client 3: ") and reason in metrics["stlsgd_rejections"]
+    assert [(r.cid, r.server_round) for r in strategy.rejected] == [("3", 1)]
+    assert any("client 3: " in m and reason in m for m in caplog.messages)
+    assert strategy.averages == 1 and strategy.cursor.index == 1  # the round counted once
+    assert strategy.objective == pytest.approx(0.5)
+
+
+def test_counts_summing_to_zero_average_nothing_and_the_plan_does_not_move(caplog) -> None:
+    strategy, proxies = _configured()
+    results = [(p, _res(HONEST[i % 3], n=0)) for i, p in enumerate(proxies)]
+    with caplog.at_level(logging.WARNING, logger="stlsgd"):
+        parameters, metrics = strategy.aggregate_fit(1, results, [])
+    assert parameters is None and metrics["stlsgd_rejected"] == 4
+    assert strategy.averages == 0 and strategy.cursor.index == 0
+    assert "nothing averaged; the plan's round 0 runs again" in caplog.text
+    manager = SimpleClientManager()
+    for p in proxies:
+        manager.register(p)
+    again = strategy.configure_fit(2, ndarrays_to_parameters(GLOBAL), manager)
+    assert again[0][1].config["stlsgd_round"] == 0  # the same round of the plan is sent again
+
+
+def test_a_count_that_lies_is_capped_at_the_rounds_median() -> None:
+    # counts 10, 10, 10 and 10^9: the liar weighs as much as the median client, not 10^8 times more
+    strategy, proxies = _configured()
+    results = [(proxies[i], _res(HONEST[i])) for i in range(3)] + [(proxies[3], _res(_honest(3.5), n=10**9))]
+    parameters, metrics = strategy.aggregate_fit(1, results, [])
+    for got in parameters_to_ndarrays(parameters):
+        np.testing.assert_array_equal(got, np.full(got.shape, 2.0, np.float32))  # (1 + 1.5 + 2 + 3.5) / 4
+    assert metrics["stlsgd_rejected"] == 0
+    # FedAvg's raw counts when asked (example_cap=None): the liar is the model
+    strategy, proxies = _configured(example_cap=None)
+    parameters, _ = strategy.aggregate_fit(1, results, [])
+    np.testing.assert_allclose(parameters_to_ndarrays(parameters)[0], 3.5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [1e30, -20.0], ids=["huge", "sign-flipped x20"])
+def test_an_update_far_beyond_the_rounds_median_is_rejected(scale: float) -> None:
+    strategy, proxies = _configured()
+    results = [(proxies[i], _res(HONEST[i])) for i in range(3)] + [(proxies[3], _res(_honest(scale)))]
+    parameters, metrics = strategy.aggregate_fit(1, results, [])
+    np.testing.assert_array_equal(parameters_to_ndarrays(parameters)[1], np.full(3, 1.5, np.float32))
+    assert metrics["stlsgd_rejections"].startswith("client 3: update norm ")
+    assert "over 10x the round's median" in metrics["stlsgd_rejections"]
+
+
+def test_a_clients_huge_loss_does_not_crash_an_adaptive_server() -> None:
+    # AdaComm's period is k0 sqrt(F / F_0), F_0 the loss fed back before round 2: a later fed-back 1e308 (or the
+    # weighted sum's overflow n * 1e308) used to make the next configure_fit raise.
+    strategy, proxies = _configured(AdaComm(lrs=InverseTime(0.1), k0=2))
+    manager = SimpleClientManager()
+    for p in proxies:
+        manager.register(p)
+    for server_round, liar in ((1, 0.5), (2, 1e308), (3, float("inf")), (4, float("nan"))):
+        if server_round > 1:
+            strategy.configure_fit(server_round, ndarrays_to_parameters(GLOBAL), manager)
+        results = [(proxies[i], _res(HONEST[i], loss=0.5)) for i in range(3)] + [
+            (proxies[3], _res(HONEST[0], loss=liar))
+        ]
+        strategy.aggregate_fit(server_round, results, [])
+    config = strategy.configure_fit(5, ndarrays_to_parameters(GLOBAL), manager)[0][1].config
+    assert strategy.objective == pytest.approx(0.5) and config["stlsgd_round"] == 4 and config["stlsgd_steps"] == 2
+    assert [r.server_round for r in strategy.rejected] == [2, 3, 4]
+
+
+def test_every_update_rejected_leaves_the_model_and_the_plan_where_they_were() -> None:
+    strategy, proxies = _configured()
+    bad = _honest(1.0)
+    bad[0][0, 0] = np.nan
+    parameters, metrics = strategy.aggregate_fit(1, [(p, _res(bad)) for p in proxies], [])
+    assert parameters is None and metrics["stlsgd_rejected"] == 4 and strategy.cursor.index == 0
+
+
+def test_without_accept_failures_one_rejection_averages_nothing() -> None:
+    strategy, proxies = _configured(accept_failures=False)
+    results = [(proxies[i], _res(HONEST[i])) for i in range(3)] + [(proxies[3], _res(HONEST[0], n=-1))]
+    parameters, metrics = strategy.aggregate_fit(1, results, [])
+    assert parameters is None and metrics["stlsgd_rejected"] == 1 and strategy.cursor.index == 0
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"stlsgd_lr": float("nan")}, "run_local_steps: stlsgd_lr: must be a finite number >= 0, got nan"),
+        ({"stlsgd_lr": float("inf")}, "stlsgd_lr: must be a finite number >= 0, got inf"),
+        ({"stlsgd_lr": -0.1}, "stlsgd_lr: must be a finite number >= 0, got -0.1"),
+        ({"stlsgd_lr": 0.1, "stlsgd_lrs": np.array([0.1, np.nan]).tobytes()}, "stlsgd_lr: must be a finite"),
+        ({"stlsgd_lr": 0.1, "stlsgd_lrs": np.array([0.1]).tobytes()}, "stlsgd_lrs: must be 2 float64"),
+        ({"stlsgd_lr": 0.1, "stlsgd_steps": -3}, "stlsgd_steps: must be an integer >= 1, got -3"),
+        ({"stlsgd_lr": 0.1, "stlsgd_gamma": 0.25, "stlsgd_anchor": pack([np.zeros(1, np.float32)])}, "has shape"),
+        ({"stlsgd_lr": 0.1, "stlsgd_gamma": 0.25, "stlsgd_anchor": b"junk"}, "stlsgd_anchor: unreadable"),
+        ({"stlsgd_lr": 0.1, "stlsgd_gamma": float("nan")}, "stlsgd_gamma: must be a finite number > 0"),
+        ({"stlsgd_lr": 0.1, "stlsgd_control": pack([np.ones((1, 1), np.float32)])}, "stlsgd_control: weight has"),
+    ],
+)
+def test_a_malformed_round_is_refused_by_the_client_in_one_line(config, message) -> None:
+    model = _linear([1.0, -2.0])
+    with pytest.raises(StlsgdError) as err:
+        run_local_steps(model, BATCH, {"stlsgd_steps": 2, **config}, loss_fn=_half_squared)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).startswith("run_local_steps: ")
+    torch.testing.assert_close(model.weight.detach(), torch.tensor([[1.0, -2.0]]))  # nothing was run
+
+
+# --------------------------------------------------------------------------- the logistic problem as Flower clients
+
+
+@pytest.fixture(scope="module")
+def digits():
+    ds = load_dataset("digits49")
+    return ds, LogisticRegression(ds.X, ds.y)
+
+
+class LogisticClient(StlsgdClient):
+    """Eq. 8's logistic regression (float64, no bias) as a torch client; its t-th local step uses ``rows(t)``,
+    the training-set rows of its mini-batch."""
+
+    def __init__(self, problem: LogisticRegression, rows) -> None:
+        X = torch.as_tensor(problem.X.toarray())
+        y = torch.as_tensor(problem.y)
+        model = nn.Linear(problem.dim, 1, bias=False, dtype=torch.float64)
+        with torch.no_grad():
+            model.weight.zero_()  # the simulator's x_0
+        lam = problem.lam
+
+        def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return F.softplus(-target * out.squeeze(1)).mean() + 0.5 * lam * (model.weight**2).sum()
+
+        self.step = 0
+
+        def batch(_: int) -> tuple[torch.Tensor, torch.Tensor]:
+            r = torch.as_tensor(rows(self.step))
+            self.step += 1
+            return X[r], y[r]
+
+        super().__init__(model, batch, loss_fn=loss_fn)
+
+
+def _strategy_for(plan, clients: int, max_iterations: int, **options) -> StlsgdFedAvg:
+    return StlsgdFedAvg(
+        plan,
+        max_iterations=max_iterations,
+        initial_parameters=ndarrays_to_parameters([np.zeros((1, 64))]),
+        min_fit_clients=clients,
+        min_available_clients=clients,
+        fraction_evaluate=0.0,
+        **options,
+    )
+
+
+class Poisoner(NumPyClient):
+    """Sends, in turn: NaN weights, weights 10^30 times the global model plus one, the global model sign-flipped and
+    scaled by 20, a count of 10^30, and a count of 10^9 with weights that undo its honest neighbour's round."""
+
+    def __init__(self, honest: LogisticClient) -> None:
+        self.honest, self.round = honest, 0
+
+    def fit(self, parameters, config):
+        self.round += 1
+        x = parameters[0]
+        y = self.honest.model.weight.detach().numpy().copy()  # the last model its honest neighbour returned
+        kind = self.round % 5
+        if kind == 0:
+            return [np.full_like(x, np.nan)], 10, {"stlsgd_loss": 0.1}
+        if kind == 1:
+            return [1e30 * (x + 1.0)], 10, {"stlsgd_loss": 0.1}
+        if kind == 2:
+            return [-20.0 * (x + 0.1)], 10, {"stlsgd_loss": 0.1}
+        if kind == 3:
+            return [x], 10**30, {"stlsgd_loss": 0.1}
+        return [x - (y - x)], 10**9, {"stlsgd_loss": 0.1}
+
+
+def test_one_poisoning_client_of_four_does_not_stop_the_three_honest_ones(digits) -> None:
+    ds, problem = digits
+    partition = make_partition(ds.y, 3, "split", seed=0)
+    rng = [np.random.default_rng(c) for c in range(3)]
+    draws = [partition.client_rows(c)[rng[c].integers(len(partition.client_rows(c)), size=(100, 1))] for c in range(3)]
+    plan = STLSGD(lr=0.5, T1=10, k1=2)  # 70 local steps: 15 rounds of 2, 4 and 8 steps
+    accuracy = {}
+    for poisoned in (False, True):
+        honest = [LogisticClient(problem, lambda t, c=c: draws[c][t]) for c in range(3)]
+        clients = [*honest, Poisoner(honest[0])] if poisoned else honest
+        strategy = _strategy_for(plan, len(clients), 70)
+        run_in_process(strategy, clients, num_rounds=strategy.planned_rounds() + 20)
+        assert (
+            strategy.averages == 15 and strategy.cursor.iteration == 70
+        )  # every round of the plan was averaged, none skipped
+        accuracy[poisoned] = problem.evaluate({"w": strategy.weights[0]}).accuracy
+        if poisoned:
+            assert len(strategy.rejected) == 12  # NaN, huge, sign-flipped, 10^30; the 10^9 liar weighs 1/4
+    assert accuracy[False] > 0.95
+    assert accuracy[True] >= accuracy[False] - 0.01

@@ -49,7 +49,10 @@ from the ServerApp's ``server_fn``, Flower's path for strategies of this (``flwr
 from __future__ import annotations
 
 import io
+import logging
+import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -58,12 +61,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from stlsgd.algorithms.plan import Cursor, Feedback, Plan, Round
-from stlsgd.errors import StlsgdError
+from stlsgd.errors import StlsgdError, brief
 from stlsgd.integrations import missing
 
 try:
     from flwr.client import Client, NumPyClient
     from flwr.common import (
+        Code,
         DisconnectRes,
         EvaluateIns,
         EvaluateRes,
@@ -76,6 +80,7 @@ try:
         Parameters,
         ReconnectIns,
         Scalar,
+        ndarrays_to_parameters,
         parameters_to_ndarrays,
     )
     from flwr.server import History, Server, SimpleClientManager
@@ -86,6 +91,7 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
     raise missing("flwr", "flower", exc) from exc
 
 PREFIX = "stlsgd_"
+log = logging.getLogger("stlsgd")
 
 
 # --------------------------------------------------------------------------- arrays on the wire
@@ -134,39 +140,137 @@ def unpack(data: bytes) -> list[np.ndarray]:
 
 def weighted_means(metrics: list[tuple[int, dict[str, Scalar]]]) -> dict[str, Scalar]:
     """The clients' numeric fit metrics averaged with their example counts (the strategy's default
-    ``fit_metrics_aggregation_fn``: the round's ``stlsgd_loss``)."""
+    ``fit_metrics_aggregation_fn``: the round's ``stlsgd_loss``). Non-finite values are left out."""
     total = sum(n for n, _ in metrics)
-    keys = {k for _, m in metrics for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    keys = {k for _, m in metrics for k, v in m.items() if _real(v) and math.isfinite(float(v))}
     if total <= 0:
         return {}
-    return {k: sum(n * float(m[k]) for n, m in metrics if k in m) / total for k in sorted(keys)}
+    out: dict[str, Scalar] = {}
+    for k in sorted(keys):
+        value = sum((n / total) * float(m[k]) for n, m in metrics if k in m and _real(m[k]))
+        if math.isfinite(value):
+            out[k] = value
+    return out
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+#: The largest ``num_examples`` accepted: beyond 2^53 a count is no longer an exact float weight.
+MAX_EXAMPLES = 2**53
+#: The largest client loss accepted in magnitude: a fed-back objective stays far from overflow in an adaptive
+#: plan's arithmetic (AdaComm's F / F_0); no trained model has a loss near it.
+MAX_LOSS = 1e100
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A client update the server did not average: the Flower round, the client's id and why."""
+
+    server_round: int
+    cid: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"client {self.cid}: {self.reason}"
+
+
+@dataclass
+class _Update:
+    """A client update that passed the checks of :meth:`StlsgdFedAvg.check_update`."""
+
+    cid: str
+    arrays: list[np.ndarray]
+    num_examples: int
+    metrics: dict[str, Scalar]
+    control_delta: list[np.ndarray] | None
+    weight: float = 0.0
+
+
+class _Rejected(Exception):
+    pass
+
+
+def _check_arrays(what: str, arrays: list[np.ndarray], like: list[np.ndarray]) -> None:
+    """Raise :class:`_Rejected` unless ``arrays`` match ``like`` in number, shape and dtype, and are finite."""
+    if len(arrays) != len(like):
+        raise _Rejected(f"{what}: {len(arrays)} arrays, the global model has {len(like)}")
+    for i, (a, b) in enumerate(zip(arrays, like)):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise _Rejected(
+                f"{what}: array {i} is {a.dtype}{list(a.shape)}, the global model's is {b.dtype}{list(b.shape)}"
+            )
+        if not np.all(np.isfinite(a)):
+            raise _Rejected(f"{what}: array {i} holds NaN or infinite values")
+
+
+def _distance(arrays: list[np.ndarray], reference: list[np.ndarray] | None) -> float:
+    """||arrays - reference|| over all arrays, in float64 (inf when it overflows)."""
+    total = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i, a in enumerate(arrays):
+            d = a.astype(np.float64) if reference is None else a.astype(np.float64) - reference[i]
+            total += float(np.sum(d * d))
+    return math.sqrt(total) if math.isfinite(total) else math.inf
 
 
 class StlsgdFedAvg(FedAvg):
-    """FedAvg whose rounds are the rounds of ``plan`` (see the module docstring).
+    """FedAvg whose rounds are the rounds of ``plan``, with drift correction on demand and every client update
+    checked before it is averaged (see the module docstring).
 
     ``max_iterations``: stop configuring training once the plan reaches this many local steps (rounds are never
-    cut); :meth:`planned_rounds` counts the rounds that takes. Other keyword arguments are FedAvg's; a user's
+    cut); :meth:`planned_rounds` counts the rounds that takes. ``drift``: SCAFFOLD's control variates
+    (Karimireddy et al., ICML 2020, option II), as the simulator's ``RoundRule(drift=True)``. ``example_cap``: a
+    client's averaging weight is its ``num_examples`` capped at ``example_cap`` times the round's median count
+    (None: FedAvg's raw counts). ``max_update_ratio``: with 3 or more valid updates in a round, one whose
+    distance to the global model (or whose control-variate update) is more than this many times the round's
+    median is rejected (None: no such check). Other keyword arguments are FedAvg's; a user's
     ``on_fit_config_fn`` config is sent too (the ``stlsgd_`` keys win).
     """
 
-    def __init__(self, plan: Plan, *, max_iterations: int | None = None, **fedavg_options: Any) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        max_iterations: int | None = None,
+        drift: bool = False,
+        example_cap: float | None = 1.0,
+        max_update_ratio: float | None = 10.0,
+        **fedavg_options: Any,
+    ) -> None:
         fedavg_options.setdefault("fit_metrics_aggregation_fn", weighted_means)
         super().__init__(**fedavg_options)
         if max_iterations is not None and max_iterations < 1:
             raise StlsgdError(f"max_iterations: must be >= 1 local step, got {max_iterations}")
+        if example_cap is not None and not (math.isfinite(example_cap) and example_cap >= 1):
+            raise StlsgdError(f"example_cap: must be a finite number >= 1 (or None), got {example_cap}")
+        if max_update_ratio is not None and not (math.isfinite(max_update_ratio) and max_update_ratio >= 1):
+            raise StlsgdError(f"max_update_ratio: must be a finite number >= 1 (or None), got {max_update_ratio}")
         self.plan = plan
         self.max_iterations = max_iterations
+        self.drift = drift
+        self.example_cap = example_cap
+        self.max_update_ratio = max_update_ratio
         self.cursor = Cursor()
         self.averages = 0
         self.completed: list[Round] = []  # the rounds averaged so far
         self.objective: float | None = None
         self.anchor: list[np.ndarray] | None = None
+        #: SCAFFOLD's server control variate c, one array per global array (zeros for buffers).
+        self.control: list[np.ndarray] | None = None
+        #: The global model after the last average (or as last sent).
+        self.weights: list[np.ndarray] | None = None
+        #: Every update rejected so far.
+        self.rejected: list[Rejection] = []
         self._round: Round | None = None
         self._feedback = Feedback()
+        self._num_clients = 0
 
     def __repr__(self) -> str:
-        return f"StlsgdFedAvg(plan={type(self.plan).__name__}, accept_failures={self.accept_failures})"
+        return (
+            f"StlsgdFedAvg(plan={type(self.plan).__name__}, drift={self.drift}, accept_failures={self.accept_failures})"
+        )
 
     def planned_rounds(self) -> int:
         """Rounds until ``max_iterations`` under constant feedback (an adaptive plan may differ at run time)."""
@@ -179,11 +283,25 @@ class StlsgdFedAvg(FedAvg):
             count += 1
         raise AssertionError("unreachable")  # pragma: no cover
 
+    # ----------------------------------------------------------------- the plan: settle a round, advance
+
+    def _settle(self) -> Round:
+        """The plan's next round at the cursor, under the feedback of the moment."""
+        self._feedback = Feedback(objective=self.objective)
+        return self.plan.next_round(self.cursor, self._feedback)
+
+    def _advance(self, rnd: Round) -> None:
+        """The round was averaged: count it and move the plan's cursor past it."""
+        self.averages += 1
+        self.completed.append(rnd)
+        self.cursor = self.plan.advance(self.cursor, rnd, self._feedback)
+
     def round_config(self, parameters: Parameters) -> dict[str, Scalar]:
         """Settle the next round of the plan and the config that tells the clients how to run it."""
-        self._feedback = Feedback(objective=self.objective)
-        rnd = self.plan.next_round(self.cursor, self._feedback)
+        rnd = self._settle()
         self._round = rnd
+        sent = parameters_to_ndarrays(parameters)
+        self.weights = sent
         config: dict[str, Scalar] = {
             PREFIX + "round": rnd.index,
             PREFIX + "stage": rnd.stage,
@@ -199,9 +317,13 @@ class StlsgdFedAvg(FedAvg):
         if rnd.prox_gamma is not None:
             config[PREFIX + "gamma"] = float(rnd.prox_gamma)
             if rnd.new_anchor or self.anchor is None:
-                self.anchor = [a.copy() for a in parameters_to_ndarrays(parameters)]  # x_s: this round's model
+                self.anchor = [a.copy() for a in sent]  # x_s: this round's model
             else:
                 config[PREFIX + "anchor"] = pack(self.anchor)
+        if self.drift:
+            if self.control is None:
+                self.control = [np.zeros_like(a) for a in sent]
+            config[PREFIX + "control"] = pack(self.control)
         return config
 
     def configure_fit(
@@ -212,9 +334,68 @@ class StlsgdFedAvg(FedAvg):
         pairs = super().configure_fit(server_round, parameters, client_manager)
         if not pairs:
             return pairs
+        self._num_clients = client_manager.num_available()
         config = {**pairs[0][1].config, **self.round_config(parameters)}
         fit_ins = FitIns(parameters, config)
         return [(client, fit_ins) for client, _ in pairs]
+
+    # ----------------------------------------------------------------- untrusted clients
+
+    def check_update(self, cid: str, res: FitRes) -> _Update:
+        """One client's update, or :class:`_Rejected` saying why it cannot be averaged: a failed status, a
+        ``num_examples`` that is not an integer in [1, 2^53], arrays that are unreadable, of another number,
+        shape or dtype than the global model sent, or not finite, a ``stlsgd_loss`` that is not a finite
+        number within 1e100, and with drift correction a missing or malformed control-variate update."""
+        if self.weights is None:
+            raise _Rejected("no round was configured")
+        if res.status.code != Code.OK:
+            raise _Rejected(f"status {res.status.code.name}: {res.status.message}")
+        n = res.num_examples
+        if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 1 <= n <= MAX_EXAMPLES):
+            raise _Rejected(f"num_examples must be an integer from 1 to 2^53, got {n!r}")
+        try:
+            arrays = parameters_to_ndarrays(res.parameters)
+        except Exception as exc:  # noqa: BLE001 - anything a client sends that NumPy cannot read
+            raise _Rejected(f"unreadable parameters ({brief(exc, 80)})") from None
+        _check_arrays("parameters", arrays, self.weights)
+        metrics = dict(res.metrics or {})
+        if PREFIX + "loss" in metrics:
+            loss = metrics[PREFIX + "loss"]
+            if not (_real(loss) and math.isfinite(float(loss)) and abs(float(loss)) <= MAX_LOSS):  # type: ignore[arg-type]
+                raise _Rejected(f"stlsgd_loss must be a finite number within 1e100, got {loss!r}")
+        delta = None
+        if self.drift:
+            data = metrics.pop(PREFIX + "control_delta", None)
+            if not isinstance(data, bytes):
+                raise _Rejected("no stlsgd_control_delta (drift correction is on: use StlsgdClient or return it)")
+            try:
+                delta = unpack(data)
+            except Exception as exc:  # noqa: BLE001
+                raise _Rejected(f"unreadable stlsgd_control_delta ({brief(exc, 80)})") from None
+            _check_arrays("stlsgd_control_delta", delta, self.weights)
+        return _Update(str(cid), arrays, int(n), metrics, delta)
+
+    def _outliers(self, updates: list[_Update], server_round: int) -> list[Rejection]:
+        """Updates too far from the round's median (robust only with 3 or more: a median of 2 is their mean)."""
+        ratio = self.max_update_ratio
+        if ratio is None or len(updates) < 3:
+            return []
+        out: list[Rejection] = []
+        measures: list[tuple[str, list[float]]] = [("update", [_distance(u.arrays, self.weights) for u in updates])]
+        if self.drift:
+            measures.append(("control-variate update", [_distance(u.control_delta or [], None) for u in updates]))
+        for what, norms in measures:
+            median = float(np.median(norms))
+            for u, norm in zip(updates, norms):
+                if norm > ratio * median and all(r.cid != u.cid for r in out):
+                    out.append(
+                        Rejection(
+                            server_round,
+                            u.cid,
+                            f"{what} norm {norm:.3g} is over {ratio:g}x the round's median {median:.3g}",
+                        )
+                    )
+        return out
 
     def aggregate_fit(
         self,
@@ -222,28 +403,97 @@ class StlsgdFedAvg(FedAvg):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        parameters, metrics = super().aggregate_fit(server_round, results, failures)
-        if parameters is None or self._round is None:
-            return parameters, metrics  # no average: the same round of the plan is configured again
-        losses = [
-            (res.num_examples, res.metrics[PREFIX + "loss"]) for _, res in results if PREFIX + "loss" in res.metrics
-        ]
-        weight = sum(n for n, _ in losses)
-        if losses and weight > 0:
-            self.objective = float(sum(n * float(v) for n, v in losses) / weight)
-        self.averages += 1
-        self.completed.append(self._round)
-        self.cursor = self.plan.advance(self.cursor, self._round, self._feedback)
-        self._round = None
+        """Check every update (:meth:`check_update`, then the outlier rule), average the rest with capped
+        weights, update SCAFFOLD's c, feed the loss back and advance the plan. When no update survives (or one
+        was rejected and ``accept_failures`` is False) nothing is averaged and the plan does not move: the same
+        round is configured again. The metrics hold ``stlsgd_rejected`` (a count) and ``stlsgd_rejections``
+        (``client <cid>: <why>; ...``); each rejection is also logged on the ``stlsgd`` logger."""
+        if self._round is None or self.weights is None:
+            return None, {}
+        rejected: list[Rejection] = []
+        updates: list[_Update] = []
+        for proxy, res in sorted(results, key=lambda pair: _cid_order(pair[0].cid)):  # a fixed summation order
+            try:
+                updates.append(self.check_update(proxy.cid, res))
+            except _Rejected as why:
+                rejected.append(Rejection(server_round, str(proxy.cid), str(why)))
+        outliers = self._outliers(updates, server_round)
+        rejected += outliers
+        updates = [u for u in updates if all(r.cid != u.cid for r in outliers)]
+        parameters = None
+        if updates and (self.accept_failures or not (failures or rejected)):
+            parameters = self._average(updates, rejected, server_round)
+        metrics: dict[str, Scalar] = {}
+        if parameters is not None and self.fit_metrics_aggregation_fn:
+            metrics = dict(self.fit_metrics_aggregation_fn([(u.weight, u.metrics) for u in updates]))  # type: ignore[misc]
+        metrics[PREFIX + "rejected"] = len(rejected)
+        if rejected:
+            metrics[PREFIX + "rejections"] = "; ".join(str(r) for r in rejected)
+            for r in rejected:
+                log.warning("stlsgd: Flower round %d: rejected the update of %s", server_round, r)
+            self.rejected += rejected
+        if parameters is None:
+            log.warning(
+                "stlsgd: Flower round %d: nothing averaged; the plan's round %d runs again",
+                server_round,
+                self._round.index,
+            )
         return parameters, metrics
 
+    def _average(self, updates: list[_Update], rejected: list[Rejection], server_round: int) -> Parameters | None:
+        """The capped-weight average of the checked updates (float64 sums), SCAFFOLD's server step, the fed-back
+        loss, and the plan's advance; None (and a rejection of the round) if the average is not finite."""
+        assert self.weights is not None and self._round is not None
+        counts = np.array([u.num_examples for u in updates], dtype=np.float64)
+        limit = math.inf if self.example_cap is None else self.example_cap * float(np.median(counts))
+        for u in updates:
+            u.weight = u.num_examples if u.num_examples <= limit else limit
+        total = sum(u.weight for u in updates)
+        shares = [u.weight / total for u in updates]
+        averaged = []
+        for i, like in enumerate(self.weights):
+            acc = np.zeros(like.shape, dtype=np.float64)
+            for share, u in zip(shares, updates):
+                acc += share * u.arrays[i].astype(np.float64)
+            averaged.append(acc.astype(like.dtype))
+        if not all(np.all(np.isfinite(a)) for a in averaged):
+            rejected.append(Rejection(server_round, "*", "the average of the valid updates is not finite"))
+            return None
+        if self.drift:
+            # SCAFFOLD's server step: c <- c + (1/N) sum over the round's clients of (c_i^+ - c_i), N the clients
+            # available (all of them take part in a full-participation round: c becomes the mean of the c_i).
+            assert self.control is not None
+            n = max(self._num_clients, len(updates))
+            for i, c in enumerate(self.control):
+                step = np.zeros(c.shape, dtype=np.float64)
+                for u in updates:
+                    step += u.control_delta[i].astype(np.float64)  # type: ignore[index]
+                self.control[i] = (c.astype(np.float64) + step / n).astype(c.dtype)
+        losses = [
+            (share, float(u.metrics[PREFIX + "loss"]))
+            for share, u in zip(shares, updates)
+            if PREFIX + "loss" in u.metrics
+        ]  # type: ignore[arg-type]
+        if losses:
+            weight = sum(s for s, _ in losses)
+            objective = sum((s / weight) * v for s, v in losses)
+            if math.isfinite(objective):
+                self.objective = objective
+        self.weights = averaged
+        self._advance(self._round)
+        self._round = None
+        return ndarrays_to_parameters(averaged)
+
+    # ----------------------------------------------------------------- checkpoints
+
     def state_dict(self) -> dict[str, Any]:
-        """The plan's position (save it with the global parameters to restart the server)."""
+        """The plan's position and SCAFFOLD's c (save it with the global parameters to restart the server)."""
         return {
             "cursor": self.cursor.to_dict(),
             "averages": self.averages,
             "objective": self.objective,
             "anchor": None if self.anchor is None else [a.copy() for a in self.anchor],
+            "control": None if self.control is None else [c.copy() for c in self.control],
             "plan": {"name": type(self.plan).__name__, **self.plan.describe()},
         }
 
@@ -253,11 +503,23 @@ class StlsgdFedAvg(FedAvg):
             raise StlsgdError(
                 f"StlsgdFedAvg.load_state_dict: the state was taken with plan {state.get('plan')}, not {plan}"
             )
+        control = state.get("control")
+        if self.drift != (control is not None) and int(state["averages"]) > 0:
+            have = "has" if control is not None else "has no"
+            raise StlsgdError(
+                f"StlsgdFedAvg.load_state_dict: the state {have} a control variate, and this strategy's "
+                f"drift={self.drift}: build the strategy as the saved one was"
+            )
         self.cursor = Cursor.from_dict(state["cursor"])
         self.averages = int(state["averages"])
         self.objective = state["objective"]
         self.anchor = None if state["anchor"] is None else [np.asarray(a).copy() for a in state["anchor"]]
+        self.control = None if control is None else [np.asarray(c).copy() for c in control]
         self._round = None
+
+
+def _cid_order(cid: str) -> tuple[int, int | str]:
+    return (0, int(cid)) if str(cid).isdigit() else (1, str(cid))
 
 
 # --------------------------------------------------------------------------- the client side
@@ -289,20 +551,66 @@ def _batch_source(batches: Batches) -> Callable[[int], tuple[torch.Tensor, torch
     return next_batch
 
 
+def _refuse(key: str, what: str) -> StlsgdError:
+    return StlsgdError(f"run_local_steps: {PREFIX}{key}: {what} (a malformed round from the server: not run)")
+
+
+def _config_int(config: dict[str, Scalar], key: str, default: int | None = None) -> int:
+    value = config.get(PREFIX + key, default)
+    if not (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1):
+        raise _refuse(key, f"must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _config_lrs(config: dict[str, Scalar], steps: int) -> list[float] | None:
+    """The round's per-step learning rates, each a finite number >= 0 (None: the plan leaves the lr to the
+    optimizer)."""
+    if PREFIX + "lrs" in config:
+        data = config[PREFIX + "lrs"]
+        if not isinstance(data, bytes) or len(data) != 8 * steps:
+            raise _refuse("lrs", f"must be {steps} float64 learning rates, one per step")
+        lrs: list[float] = np.frombuffer(data, dtype=np.float64).tolist()
+    elif PREFIX + "lr" in config:
+        lrs = [config[PREFIX + "lr"]] * steps  # type: ignore[list-item]
+    else:
+        return None
+    for lr in lrs:
+        if not (_real(lr) and math.isfinite(float(lr)) and float(lr) >= 0):
+            raise _refuse("lr", f"must be a finite number >= 0, got {lr!r}")
+    return [float(lr) for lr in lrs]
+
+
+def _sent_arrays(model: nn.Module, config: dict[str, Scalar], key: str) -> dict[str, torch.Tensor]:
+    """An npz value of the config (``anchor``, ``control``), checked against the model's floating entries in
+    :func:`get_weights` order -- number, shapes, finiteness -- as tensors by name on the parameters' devices."""
+    state = _floating(model)
+    try:
+        arrays = unpack(config[PREFIX + key])  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - whatever the bytes are, they are not an npz of arrays
+        raise _refuse(key, f"unreadable ({brief(exc, 80)})") from None
+    if len(arrays) != len(state):
+        raise _refuse(
+            key,
+            f"holds {len(arrays)} arrays, the model has {len(state)} floating parameters and buffers "
+            "(exchange get_weights(model))",
+        )
+    out = {}
+    for (name, tensor), array in zip(state.items(), arrays):
+        if tuple(array.shape) != tuple(tensor.shape):
+            raise _refuse(key, f"{name} has shape {tuple(tensor.shape)}, got {tuple(array.shape)}")
+        if not (np.issubdtype(array.dtype, np.floating) and np.all(np.isfinite(array))):
+            raise _refuse(key, f"{name} must hold finite floating values")
+        out[name] = torch.as_tensor(array).to(tensor.device, tensor.dtype)
+    return out
+
+
 def _anchor(model: nn.Module, config: dict[str, Scalar]) -> dict[str, torch.Tensor]:
     """x_s per parameter name: the stage's first global model as sent, else (a stage's first round) a DETACHED
     COPY of the model as received -- never the live parameters, whose difference to themselves is always 0."""
     params = dict(model.named_parameters())
     if PREFIX + "anchor" in config:
-        arrays = unpack(config[PREFIX + "anchor"])  # type: ignore[arg-type]
-        names = list(_floating(model).keys())
-        if len(arrays) != len(names):
-            raise StlsgdError(
-                f"run_local_steps: the anchor holds {len(arrays)} arrays, the model has {len(names)} "
-                "floating parameters and buffers (exchange get_weights(model))"
-            )
-        sent = dict(zip(names, arrays))
-        return {n: torch.as_tensor(sent[n]).to(p.device, p.dtype) for n, p in params.items()}
+        sent = _sent_arrays(model, config, "anchor")
+        return {n: sent[n] for n in params}
     return {n: p.detach().clone() for n, p in params.items()}
 
 
@@ -313,6 +621,7 @@ def run_local_steps(
     *,
     optimizer: torch.optim.Optimizer | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+    control: Sequence[np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """Run exactly the round's ``stlsgd_steps`` local steps on ``model``, which must hold the global model just
     received (:func:`set_weights`).
@@ -320,60 +629,99 @@ def run_local_steps(
     ``batches``: ``(x, y)`` pairs (a DataLoader, restarted when it runs out) or a function of the plan's batch
     size returning one pair. ``optimizer``: default plain SGD at the config's lr (a plan without an lr needs
     yours; its lr is then left alone). Each step: ``loss_fn(model(x), y)``, backward, then for STL-SGD^nc the
-    proximal gradient (x - x_s)/gamma added to every parameter's gradient, then the optimizer's step at the
-    round's lr. Returns ``steps``, ``num_examples`` (samples seen), ``loss`` (the first batch's loss, i.e. the
-    received global model's) and ``last_loss``.
+    proximal gradient (x - x_s)/gamma added to every parameter's gradient, then with drift correction (the
+    config holds ``stlsgd_control``, SCAFFOLD's c) c - c_i, then the optimizer's step at the round's lr.
+    ``control``: this client's c_i from its last round (:func:`get_weights` order; None: zeros).
+
+    Returns ``steps``, ``num_examples`` (samples seen), ``loss`` (the first batch's loss, i.e. the received
+    global model's) and ``last_loss``; with drift correction also ``control`` (the new c_i, to keep for the next
+    round) and ``control_delta`` (c_i^+ - c_i, to return to the server as ``stlsgd_control_delta``, packed).
+    SCAFFOLD's option II: c_i^+ = c_i - c + (x - y_i) / (sum of the round's learning rates), the rule the
+    simulator uses; it assumes plain SGD steps (with momentum or Adam the correction is still applied to the
+    gradient, but c_i then measures the optimizer's displacement, not the mean gradient).
     """
     if PREFIX + "steps" not in config:
         raise StlsgdError(
             "run_local_steps: the fit config has no stlsgd_steps (is the server's strategy StlsgdFedAvg?)"
         )
-    steps = int(config[PREFIX + "steps"])  # type: ignore[arg-type]
-    batch = int(config.get(PREFIX + "batch", 1))  # type: ignore[arg-type]
-    if PREFIX + "lrs" in config:
-        lrs: list[float] | None = np.frombuffer(config[PREFIX + "lrs"], dtype=np.float64).tolist()  # type: ignore[arg-type]
-    elif PREFIX + "lr" in config:
-        lrs = [float(config[PREFIX + "lr"])] * steps  # type: ignore[arg-type]
-    else:
-        lrs = None
-    if lrs is not None and len(lrs) != steps:
-        raise StlsgdError(f"run_local_steps: stlsgd_lrs holds {len(lrs)} learning rates for {steps} steps")
+    steps = _config_int(config, "steps")
+    batch = _config_int(config, "batch", 1)
+    lrs = _config_lrs(config, steps)
     if optimizer is None:
         if lrs is None:
             raise StlsgdError("run_local_steps: the plan has no learning rate of its own: pass your optimizer")
         optimizer = torch.optim.SGD(model.parameters(), lr=lrs[0])
-    gamma = float(config[PREFIX + "gamma"]) if PREFIX + "gamma" in config else None  # type: ignore[arg-type]
+    gamma: float | None = None
+    if PREFIX + "gamma" in config:
+        sent_gamma = config[PREFIX + "gamma"]
+        if not (_real(sent_gamma) and math.isfinite(float(sent_gamma)) and float(sent_gamma) > 0):  # type: ignore[arg-type]
+            raise _refuse("gamma", f"must be a finite number > 0, got {sent_gamma!r}")
+        gamma = float(sent_gamma)  # type: ignore[arg-type]
     anchor = _anchor(model, config) if gamma is not None else {}
-    params = [(p, anchor.get(n)) for n, p in model.named_parameters()]
+    names = list(_floating(model).keys())
+    drift = None
+    if PREFIX + "control" in config:
+        c = _sent_arrays(model, config, "control")
+        if control is None:
+            mine = {n: torch.zeros_like(t) for n, t in c.items()}
+        else:
+            mine = _sent_arrays(model, {PREFIX + "c_i": pack(list(control))}, "c_i")
+        start = {n: p.detach().clone() for n, p in model.named_parameters()}
+        drift = {n: c[n] - mine[n] for n in start}  # c - c_i, constant through the round
+    params = [(p, anchor.get(n), None if drift is None else drift[n]) for n, p in model.named_parameters()]
     next_batch = _batch_source(batches)
     model.train()
     first = last = float("nan")
     seen = 0
+    lr_sum = 0.0
     for step in range(steps):
         x, y = next_batch(batch)
         loss = loss_fn(model(x), y)
         optimizer.zero_grad()
         loss.backward()
-        if gamma is not None:
-            with torch.no_grad():
-                for p, a in params:
-                    if p.grad is not None:
-                        p.grad.add_(p.detach() - a, alpha=1.0 / gamma)  # d/dx 1/(2 gamma)||x - x_s||^2
+        with torch.no_grad():
+            for p, a, d in params:
+                if p.grad is None:
+                    continue
+                if gamma is not None and a is not None:
+                    p.grad.add_(p.detach() - a, alpha=1.0 / gamma)  # d/dx 1/(2 gamma)||x - x_s||^2
+                if d is not None:
+                    p.grad.add_(d)  # SCAFFOLD: g - c_i + c
         if lrs is not None:
             for group in optimizer.param_groups:
                 group["lr"] = lrs[step]
+        lr_sum += float(optimizer.param_groups[0]["lr"])
         optimizer.step()
         last = float(loss.detach())
         if step == 0:
             first = last
         seen += len(y)
-    return {"steps": steps, "num_examples": seen, "loss": first, "last_loss": last}
+    out: dict[str, Any] = {"steps": steps, "num_examples": seen, "loss": first, "last_loss": last}
+    if drift is not None:
+        new, delta = [], []
+        current = dict(model.named_parameters())
+        for n in names:
+            if n in drift and lr_sum > 0:
+                with torch.no_grad():  # c_i^+ = c_i - c + (x - y_i)/sum(lr) = (x - y_i)/sum(lr) - (c - c_i)
+                    ci = (start[n] - current[n].detach()) / lr_sum - drift[n]
+                new.append(ci.cpu().numpy())
+                delta.append((ci - mine[n]).cpu().numpy())
+            else:  # a buffer (BatchNorm statistics), or a round of lr 0: c_i stays
+                new.append(mine[n].cpu().numpy().copy())
+                delta.append(np.zeros_like(new[-1]))
+        out["control"], out["control_delta"] = new, delta
+    return out
 
 
 class StlsgdClient(NumPyClient):
     """A NumPyClient that runs the rounds :class:`StlsgdFedAvg` sends: ``fit`` loads the global model, runs
-    :func:`run_local_steps` and returns :func:`get_weights`; ``evaluate`` reports the mean loss and accuracy over
-    ``eval_batches`` (required for federated evaluation)."""
+    :func:`run_local_steps` and returns :func:`get_weights` (and, with drift correction, its control-variate
+    update in the metrics as ``stlsgd_control_delta``); ``evaluate`` reports the mean loss and accuracy over
+    ``eval_batches`` (required for federated evaluation).
+
+    With drift correction the client keeps its c_i between rounds in ``self.control``: keep the client object
+    alive, or save and restore ``control`` yourself (a Flower ClientApp that builds a new client every round:
+    through its context's state)."""
 
     def __init__(
         self,
@@ -386,6 +734,7 @@ class StlsgdClient(NumPyClient):
     ) -> None:
         self.model, self.batches, self.eval_batches = model, batches, eval_batches
         self.optimizer, self.loss_fn = optimizer, loss_fn
+        self.control: list[np.ndarray] | None = None
 
     def get_parameters(self, config: dict[str, Scalar]) -> list[np.ndarray]:
         return get_weights(self.model)
@@ -394,12 +743,14 @@ class StlsgdClient(NumPyClient):
         self, parameters: list[np.ndarray], config: dict[str, Scalar]
     ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
         set_weights(self.model, parameters)
-        out = run_local_steps(self.model, self.batches, config, optimizer=self.optimizer, loss_fn=self.loss_fn)
-        return (
-            get_weights(self.model),
-            out["num_examples"],
-            {PREFIX + "loss": out["loss"], PREFIX + "steps": out["steps"]},
+        out = run_local_steps(
+            self.model, self.batches, config, optimizer=self.optimizer, loss_fn=self.loss_fn, control=self.control
         )
+        metrics: dict[str, Scalar] = {PREFIX + "loss": out["loss"], PREFIX + "steps": out["steps"]}
+        if "control" in out:
+            self.control = out["control"]
+            metrics[PREFIX + "control_delta"] = pack(out["control_delta"])
+        return get_weights(self.model), out["num_examples"], metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[float, int, dict[str, Scalar]]:
         if self.eval_batches is None:
