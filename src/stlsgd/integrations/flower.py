@@ -25,14 +25,19 @@ in the fit config,
 ``stlsgd_gamma``     STL-SGD^nc's gamma: each step adds the gradient (x - x_s)/gamma of 1/(2 gamma)||x - x_s||^2
 ``stlsgd_anchor``    x_s, the global model at the start of the stage (npz bytes, :func:`get_weights` order), sent
                      in every round of the stage but its first, where x_s is the model the round sends
+``stlsgd_control``   with ``drift=True``: SCAFFOLD's server control variate c (npz bytes, :func:`get_weights` order,
+                     zeros for buffers); the client adds c - c_i to every gradient and returns c_i^+ - c_i as the
+                     fit metric ``stlsgd_control_delta`` (npz bytes)
 ``stlsgd_batch``     the plan's per-client mini-batch size (CR-PSGD grows it)
 ``stlsgd_round``,    the round's index (0-based), stage and nominal period, for logs
 ``stlsgd_stage``,
 ``stlsgd_period``
 ==================== =====================================================================================
 
-``aggregate_fit`` averages as FedAvg does (weighted by the clients' example counts, equal here when the clients
-share the batch size) and then advances the plan; the clients' ``stlsgd_loss`` (the loss of the received global
+``aggregate_fit`` checks every client's update (:meth:`StlsgdFedAvg.check_update`: a federated server trusts no
+client), averages the valid ones as FedAvg does (weighted by the clients' example counts, each capped at the round's
+median count: equal here when the clients share the batch size), with drift correction takes SCAFFOLD's server step
+c <- c + (1/N) sum_i (c_i^+ - c_i), and then advances the plan; the clients' ``stlsgd_loss`` (the loss of the received global
 model on each client's first batch) is fed back to adaptive plans (AdaComm). Parameters travel as
 :func:`get_weights` gives them -- the floating entries of the model's ``state_dict``, BatchNorm statistics
 included -- so FedAvg averages the buffers with the weights.
