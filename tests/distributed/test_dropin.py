@@ -250,8 +250,9 @@ def test_per_rank_checkpoints_resume_exactly_in_either_order(load_before: bool) 
 
 def test_rank_zeros_checkpoint_mid_round_is_refused_on_other_ranks() -> None:
     rank0, rank1 = _resume_case(True, "rank0", stop=9)
-    assert rank0["error"] is None  # rank 0's own state is fine; rank 1 refused it
-    assert rank1["error"].startswith("PlanAverager.load_state_dict: saved by rank 0 of 2 at step 3 of a round")
+    # Rank 0's own state is fine, rank 1 refuses it: every rank raises the same line (no rank is left waiting).
+    assert rank0["error"] == rank1["error"]
+    assert rank1["error"].startswith("rank 1: PlanAverager.load_state_dict: saved by rank 0 of 2 at step 3 of a round")
 
 
 def test_rank_zeros_checkpoint_at_a_round_boundary_is_exact_with_averaged_momentum() -> None:
@@ -260,7 +261,8 @@ def test_rank_zeros_checkpoint_at_a_round_boundary_is_exact_with_averaged_moment
         assert "whole" in res, res
         for key in res["whole"]:
             assert torch.equal(res["whole"][key], res["resumed"][key]), key
-    _, rank1 = _resume_case(True, "rank0", stop=6, policy="keep")
+    rank0, rank1 = _resume_case(True, "rank0", stop=6, policy="keep")
+    assert rank0["error"] == rank1["error"]
     assert "with optimizer_state='keep' each rank's momentum differs" in rank1["error"]
 
 

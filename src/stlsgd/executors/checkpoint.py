@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stlsgd.algorithms.plan import Cursor
 from stlsgd.errors import StlsgdError, brief
 from stlsgd.executors.simulator import RunState
 from stlsgd.files import atomic_write
@@ -97,7 +98,7 @@ def save_checkpoint(path: Path, state: RunState, meta: dict[str, Any]) -> None:
                 tensors[f"{f.name}/{key}"] = _to_tensor(arr)
                 arrays[f.name][key] = "torch" if isinstance(arr, torch.Tensor) else "numpy"
         else:
-            fields[f.name] = value
+            fields[f.name] = value.to_dict() if isinstance(value, Cursor) else value
     header = {"format": FORMAT, "version": VERSION, "arrays": arrays, "fields": fields, "meta": meta}
     try:
         text = json.dumps(header, allow_nan=True)

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from stlsgd.errors import ConfigError, StlsgdError
 from stlsgd.executors.averaging import client_slice, comm_device, gather_clients, group_mean
-from stlsgd.executors.simulator import STATUSES, RunState, Topology
+from stlsgd.executors.simulator import LOCAL, STATUSES, RunState, Topology
 from stlsgd.problems.base import State
 
 TIMEOUT_ENV = "STLSGD_DIST_TIMEOUT"
@@ -78,43 +78,78 @@ def launched() -> bool:
 
 
 @dataclass
-class Job:
-    """This process's place in a torch.distributed job: the group the rounds use, and what was made here (and
-    is destroyed here): the default group, the timed group, or neither (a caller's own group)."""
+class Place:
+    """Where a run executes: alone (one process holds every client: the simulator, or the drop-in without a
+    process group) or as the ranks of a process group (torchrun's job, or a caller's own group). One type for
+    the CLI's executors, the drop-in and the tests.
 
-    group: dist.ProcessGroup
-    backend: str
-    owns_default: bool
-    owns_group: bool = True
+    ``group`` is the group the rounds use (None: alone); ``owns_default``/``owns_group`` say what was made here
+    and is destroyed by :meth:`close`; ``delay_s`` is a latency injected before every average (``--inject-latency``).
+    """
+
+    group: dist.ProcessGroup | None = None
+    backend: str = "none"
+    owns_default: bool = False
+    owns_group: bool = False
+    delay_s: float = 0.0
+
+    @property
+    def alone(self) -> bool:
+        return self.group is None
 
     @property
     def rank(self) -> int:
-        return self.group.rank()
+        return 0 if self.group is None else self.group.rank()
 
     @property
     def world(self) -> int:
-        return self.group.size()
+        return 1 if self.group is None else self.group.size()
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def describe(self) -> dict[str, Any]:
+        """The executor, as a run's summary records it."""
+        if self.group is None:
+            return {"executor": "sim"}
+        return {"executor": "dist", "comm": self.backend, "world_size": self.world}
+
+    def collectively(self, fn: Callable[[], T]) -> T:
+        """``fn`` on every rank, a failure on any reported by all (see :func:`collectively`)."""
+        return fn() if self.group is None else collectively(fn)
+
+    def broadcast(self, obj: T) -> T:
+        """Rank 0's ``obj`` on every rank."""
+        return obj if self.group is None else broadcast_object(obj)
+
+    def topology(self, num_clients: int) -> Topology:
+        """This process's clients and how they are averaged (see :func:`make_topology`)."""
+        return LOCAL if self.group is None else make_topology(num_clients, self.group, self.delay_s)
 
     def close(self) -> None:
         if self.owns_default:
             dist.destroy_process_group()
-        elif self.owns_group:
+        elif self.owns_group and self.group is not None:
             dist.destroy_process_group(self.group)
 
 
-def join(comm_backend: str = "auto", group: dist.ProcessGroup | None = None, *, timed_group: bool = True) -> Job:
+ALONE = Place()
+
+
+def join(comm_backend: str = "auto", group: dist.ProcessGroup | None = None, *, timed_group: bool = True) -> Place:
     """Join the job torchrun started (``env://``), or the caller's existing default group.
 
     ``timed_group`` (the executor): the default group gets a long timeout for setup, and the rounds'
     collectives go through a second group over the same ranks whose timeout is :func:`collective_timeout`, so
-    a dead or stuck peer is noticed quickly; :meth:`Job.close` destroys both. Without it (the drop-in, which a
+    a dead or stuck peer is noticed quickly; :meth:`Place.close` destroys both. Without it (the drop-in, which a
     user's script outlives) no second group is made: a default group made here gets the collective timeout,
     an existing one is used as it is, and nothing is left for the interpreter's exit to tear down out of order.
     A caller's own ``group`` is used as it is.
     """
     timeout = collective_timeout()
     if group is not None:
-        return Job(group, group.name(), owns_default=False, owns_group=False)
+        return Place(group, group.name())
     owns = not dist.is_initialized()
     if owns:
         if not launched():
@@ -126,8 +161,16 @@ def join(comm_backend: str = "auto", group: dist.ProcessGroup | None = None, *, 
             device_id = torch.device("cuda", torch.cuda.current_device())
         dist.init_process_group(backend, timeout=SETUP_TIMEOUT if timed_group else timeout, device_id=device_id)
     if not timed_group:
-        return Job(dist.group.WORLD, dist.get_backend(), owns_default=False, owns_group=False)
-    return Job(dist.new_group(timeout=timeout), dist.get_backend(), owns_default=owns)
+        return Place(dist.group.WORLD, dist.get_backend())
+    return Place(dist.new_group(timeout=timeout), dist.get_backend(), owns_default=owns, owns_group=True)
+
+
+def locate(group: dist.ProcessGroup | None = None) -> Place:
+    """Where a training loop that stlsgd joins runs (the drop-in): the caller's ``group``; the default group
+    when one exists or torchrun launched this process (joined, untimed); else alone."""
+    if group is not None or dist.is_initialized() or launched():
+        return join(group=group, timed_group=False)
+    return ALONE
 
 
 def make_topology(num_clients: int, group: dist.ProcessGroup | None = None, delay_s: float = 0.0) -> Topology:

@@ -24,8 +24,18 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from stlsgd.algorithms.driver import DriverState, PlanDriver
 from stlsgd.algorithms.plan import NO_FEEDBACK, Cursor, Feedback, Plan, Round
-from stlsgd.executors.averaging import OuterNesterov, copy_state, is_finite, mean_over_clients, model_bytes
+from stlsgd.executors.averaging import copy_state, is_finite, mean_over_clients, model_bytes
+from stlsgd.executors.rules import (
+    PLAIN,
+    RoundRule,
+    copy_of,
+    drift_correction,
+    outer_step,
+    update_control,
+    zeros_like,
+)
 from stlsgd.executors.sampling import Sampler
 from stlsgd.problems.base import FusedSyncSteps, Problem, State
 
@@ -64,13 +74,13 @@ class StopRule:
 class RunState:
     """Everything needed to continue a run exactly: a checkpoint saves this and nothing else.
 
-    ``cursor`` is the plan's position (:class:`~stlsgd.algorithms.plan.Cursor` as a dict); ``objective`` the
-    averaged model's objective at the last evaluation, which adaptive plans read as feedback.
+    ``cursor`` is the plan's position between rounds (a dict, as a checkpoint's JSON holds it, is taken too);
+    ``objective`` the averaged model's objective at the last evaluation, which adaptive plans read as feedback.
     """
 
     clients: State
     sampler_state: dict[str, Any]
-    cursor: dict[str, Any] = field(default_factory=lambda: Cursor().to_dict())
+    cursor: Cursor = field(default_factory=Cursor)
     anchor: State | None = None
     #: Drift correction: each client's control variate c_i (stacked like the parameters) and their mean c.
     control: State | None = None
@@ -89,40 +99,27 @@ class RunState:
     objective: float | None = None
     last: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.cursor, dict):
+            self.cursor = Cursor.from_dict(self.cursor)
+
     @property
     def round(self) -> int:
-        return int(self.cursor["index"])
+        return self.cursor.index
 
     @property
     def iteration(self) -> int:
-        return int(self.cursor["iteration"])
+        return self.cursor.iteration
 
     @property
     def stage(self) -> int:
-        return int(self.cursor["stage"])
+        return self.cursor.stage
 
     @property
     def client_steps(self) -> int:
         """Samples processed by each client so far (local steps times their mini-batch sizes)."""
-        return int(self.cursor["samples"])
+        return self.cursor.samples
 
-
-@dataclass(frozen=True)
-class RoundRule:
-    """How a round updates the model besides the plan's local steps.
-
-    ``drift``: SCAFFOLD's control variates (Karimireddy et al., ICML 2020, option II) correct each client's
-    steps by c - c_i; after the round c_i <- c_i - c + (x_start - y_i) / (sum of the round's learning rates),
-    and c becomes the mean of the c_i (sent with the model: a round's bytes double). ``outer``: the average
-    takes an outer optimizer step (:class:`~stlsgd.executors.averaging.OuterNesterov`) instead of replacing the
-    model.
-    """
-
-    drift: bool = False
-    outer: OuterNesterov | None = None
-
-
-PLAIN = RoundRule()
 
 # Sample ids drawn at once (8 MiB of int64): bounds memory whatever a round's length.
 SAMPLES_PER_CHUNK = 1 << 20
@@ -219,8 +216,8 @@ def run(
         rule,
     )
     if rule.drift and state.control is None:
-        zeros = {k: _zeros_like(state.clients[k]) for k in problem.param_names}
-        state.control, state.control_mean = zeros, {k: _zeros_like(v[:1]) for k, v in zeros.items()}
+        zeros = {k: zeros_like(state.clients[k]) for k in problem.param_names}
+        state.control, state.control_mean = zeros, {k: zeros_like(v[:1]) for k, v in zeros.items()}
     sent = model_bytes(state.clients) + (model_bytes(state.control) if state.control is not None else 0)
     per_round_bytes = 2 * loop.num_clients * sent
     # The fused kernel takes plain steps only; drift correction and outer steps act at every round's end.
@@ -252,7 +249,7 @@ def run(
             else:
                 lrs = rnd.learning_rates()
                 _local_round(loop, rnd, lrs, state, prox)
-            state.cursor = cursor.to_dict()
+            state.cursor = cursor
             state.bytes += per_round_bytes * len(group)
             state.sampler_state = sampler.get_state()
             bar.update(rnd.end_iteration - first.start_iteration)
@@ -267,7 +264,7 @@ def run(
         bar.close()
     if topology.is_root and state.status == "budget" and state.last.get("round") != state.round:
         # The budget ended the run between evaluations: record the final model once more.
-        last = rnd or plan.next_round(Cursor.from_dict(state.cursor), loop.feedback(state))
+        last = rnd or plan.next_round(state.cursor, loop.feedback(state))
         _record(loop, last, float(last.learning_rates()[-1]), state)
     state.wall_s = time.perf_counter() - loop.started
     return state
@@ -279,7 +276,9 @@ def _local_round(loop: _Loop, rnd: Round, lrs: np.ndarray, state: RunState, prox
     start = copy_state({k: state.clients[k][:1] for k in params}) if rule.drift or rule.outer else None
     drift = None
     if state.control is not None:
-        drift = {k: state.control_mean[k] - state.control[k] for k in params}
+        drift = dict(
+            zip(params, drift_correction([state.control[k] for k in params], [state.control_mean[k] for k in params]))
+        )
     # Late STL-SGD stages have rounds of 10^5-10^7 local steps: draw and step them in slices so the sample
     # matrix stays small. The generator fills draws in order, so slicing changes no sample.
     chunk = max(1, SAMPLES_PER_CHUNK // (loop.num_clients * rnd.batch))
@@ -293,27 +292,25 @@ def _local_round(loop: _Loop, rnd: Round, lrs: np.ndarray, state: RunState, prox
             loop.problem.local_steps(state.clients, rows, lrs[first : first + steps], prox, drift)
     averaging = time.perf_counter()
     state.compute_s += averaging - started
-    if state.control is not None and start is not None:
-        total = float(np.sum(lrs))
-        for k in params:  # c_i <- c_i - c + (x_start - y_i) / sum(lr): that is, (x_start - y_i)/sum(lr) - delta_i
-            c = state.control[k]
-            c[...] = (start[k] - state.clients[k]) / total - drift[k]
+    if state.control is not None and start is not None and drift is not None:
+        update_control(
+            [state.control[k] for k in params],
+            [start[k] for k in params],
+            [state.clients[k] for k in params],
+            [drift[k] for k in params],
+            float(np.sum(lrs)),
+        )
         mean = copy_state(state.control)
         loop.topology.average(mean)  # the control variates travel with the model
         state.control_mean = {k: v[:1] for k, v in mean.items()}
     loop.topology.average(state.clients)
     if rule.outer is not None and start is not None:
-        if state.outer_momentum is None:
-            state.outer_momentum = {k: _zeros_like(start[k]) for k in params}
-        for k in params:
-            new = state.clients[k][:1].copy() if isinstance(start[k], np.ndarray) else state.clients[k][:1].clone()
-            rule.outer.step(start[k], new, state.outer_momentum[k])
-            state.clients[k][...] = new
+        new = [copy_of(state.clients[k][:1]) for k in params]
+        momentum = None if state.outer_momentum is None else [state.outer_momentum[k] for k in params]
+        state.outer_momentum = dict(zip(params, outer_step(rule.outer, [start[k] for k in params], new, momentum)))
+        for k, value in zip(params, new):
+            state.clients[k][...] = value
     state.comm_s += time.perf_counter() - averaging
-
-
-def _zeros_like(value: Any) -> Any:
-    return np.zeros_like(value) if isinstance(value, np.ndarray) else value.new_zeros(value.shape)
 
 
 def _groups(loop: _Loop, state: RunState, fuse: bool, align: int | None) -> Iterator[tuple[list[Round], Cursor]]:
@@ -321,24 +318,22 @@ def _groups(loop: _Loop, state: RunState, fuse: bool, align: int | None) -> Iter
     rounds (k = 1: SyncSGD, LB-SGD, CR-PSGD) that one ``problem.sync_steps`` call can take at once, since an
     average after every step keeps all clients equal. A group ends where the loop must look at the state:
     an evaluation, the budget, a multiple of ``align`` (checkpoints), a change of batch or proximal term, or
-    SAMPLES_PER_CHUNK samples. Each round is asked of the plan with the feedback of the moment.
+    SAMPLES_PER_CHUNK samples. Each round is settled by the plan driver with the feedback of the moment.
     """
-    plan, stop = loop.plan, loop.stop
+    stop = loop.stop
+    driver = PlanDriver(loop.plan, DriverState(cursor=state.cursor))
     while True:
-        cursor = Cursor.from_dict(state.cursor)
         feedback = loop.feedback(state)
-        rnd = plan.next_round(cursor, feedback)
-        cursor = plan.advance(cursor, rnd, feedback)
+        rnd = driver.take(feedback)
         group = [rnd]
         if fuse and rnd.steps == 1:
             limit = max(1, SAMPLES_PER_CHUNK // (loop.num_clients * rnd.batch))
             while len(group) < limit and not _boundary(stop, group[-1], state.last_eval_iteration, align):
-                nxt = plan.next_round(cursor, feedback)
+                nxt = driver.peek(feedback)
                 if nxt.steps != 1 or nxt.batch != rnd.batch or nxt.prox_gamma != rnd.prox_gamma or nxt.new_anchor:
                     break
-                group.append(nxt)
-                cursor = plan.advance(cursor, nxt, feedback)
-        yield group, cursor
+                group.append(driver.take(feedback))
+        yield group, driver.cursor
 
 
 def _boundary(stop: StopRule, rnd: Round, last_eval_iteration: int, align: int | None) -> bool:

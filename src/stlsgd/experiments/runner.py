@@ -13,9 +13,8 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -23,49 +22,11 @@ from stlsgd.errors import ConfigError, brief
 from stlsgd.executors import distributed
 from stlsgd.executors.averaging import replicate
 from stlsgd.executors.sampling import Sampler
-from stlsgd.executors.simulator import LOCAL, Callback, RunState, Topology, run
+from stlsgd.executors.simulator import Callback, RunState, Topology, run
 from stlsgd.experiments.build import Built, build, cache_dir, stop_rule
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.rundir import CHECKPOINT_FILE, RunDirectory, Start, check_checkpoint_every
 from stlsgd.threads import share_cores
-
-T = TypeVar("T")
-
-
-class _Alone:
-    """The simulator's job: one process holds every client."""
-
-    rank, world, is_root = 0, 1, True
-    backend: dict[str, Any] = {"executor": "sim"}
-
-    def collectively(self, fn: Callable[[], T]) -> T:
-        return fn()
-
-    def broadcast(self, obj: T) -> T:
-        return obj
-
-    def topology(self, num_clients: int) -> Topology:
-        return LOCAL
-
-
-class _Ranks:
-    """A torch.distributed job: setup collectives on the default group (long timeout), rounds on the timed one."""
-
-    def __init__(self, job: distributed.Job, delay_s: float = 0.0) -> None:
-        self.job = job
-        self.delay_s = delay_s
-        self.rank, self.world = job.rank, job.world
-        self.is_root = self.rank == 0
-        self.backend = {"executor": "dist", "comm": job.backend, "world_size": self.world}
-
-    def collectively(self, fn: Callable[[], T]) -> T:
-        return distributed.collectively(fn)
-
-    def broadcast(self, obj: T) -> T:
-        return distributed.broadcast_object(obj)
-
-    def topology(self, num_clients: int) -> Topology:
-        return distributed.make_topology(num_clients, self.job.group, self.delay_s)
 
 
 def run_experiment(
@@ -112,13 +73,14 @@ def run_experiment(
     if backend == "sim":
         if inject_latency_s:
             raise ConfigError("--inject-latency: only with --backend dist (it delays the collectives)")
-        return _run(_Alone(), exp, out, **options)
+        return _run(distributed.ALONE, exp, out, **options)
     if backend != "dist":
         raise ConfigError(f"--backend: unknown backend {backend!r} (sim or dist)")
     share_cores(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # ranks on one machine split its cores
     job = distributed.join(comm_backend)
+    job.delay_s = inject_latency_s
     try:
-        summary = _run(_Ranks(job, inject_latency_s), exp, out, **options)
+        summary = _run(job, exp, out, **options)
     except distributed.CollectiveFailure:
         raise  # tearing the groups down could wait on the failed peer; the process is about to exit anyway
     except BaseException:
@@ -129,7 +91,7 @@ def run_experiment(
 
 
 def _run(
-    job: _Alone | _Ranks,
+    job: distributed.Place,
     exp: Experiment,
     out: Path,
     *,
@@ -185,7 +147,7 @@ def _run(
 
 
 def _rounds(
-    job: _Alone | _Ranks,
+    job: distributed.Place,
     exp: Experiment,
     b: Built,
     start: Start,
@@ -244,7 +206,7 @@ def _rounds(
         distributed.exit_on_sigterm(
             lambda: _fault(job, state, "stopped by the launcher (SIGTERM)", start.checkpoint_every, out)
         )
-        if isinstance(job, _Ranks)
+        if not job.alone
         else None
     )
     try:
@@ -268,7 +230,7 @@ def _rounds(
                     rule=b.rule,
                 )
     except Exception as exc:
-        if isinstance(job, _Ranks) and distributed.is_comm_failure(exc):
+        if not job.alone and distributed.is_comm_failure(exc):
             raise distributed.CollectiveFailure(
                 _fault(job, state, "lost the process group", start.checkpoint_every, out, brief(exc))
             ) from exc
@@ -281,12 +243,12 @@ def _rounds(
     full = _full(state, n_clients, topology)
     if rundir is None:
         return None
-    summary = summarize(exp, state, b, fstar, n_clients, job.backend)
+    summary = summarize(exp, state, b, fstar, n_clients, job.describe())
     rundir.finish(full, summary)
     return summary
 
 
-def _fault(job: _Ranks, state: RunState, what: str, every: int | None, out: Path, cause: str = "") -> str:
+def _fault(job: distributed.Place, state: RunState, what: str, every: int | None, out: Path, cause: str = "") -> str:
     timeout = distributed.collective_timeout().total_seconds()
     resume = (
         f"resume from rank 0's last checkpoint with the same command plus --resume ({out / CHECKPOINT_FILE})"

@@ -1,0 +1,129 @@
+"""Round rules on tensors: what a round does to a model besides the plan's local steps, written once for the
+simulator (stacked clients, NumPy or torch), the torchrun executor, the drop-in and Flower.
+
+- :class:`RoundRule`: which rules a run uses (drift correction, an outer step).
+- :func:`add_proximal`: STL-SGD^nc's proximal gradient (Algorithm 3): g += (x - x_s) / gamma.
+- :func:`drift_correction` and :func:`update_control`: SCAFFOLD's control variates (Karimireddy et al., ICML
+  2020, option II): every step's gradient gets c - c_i; after the round
+  c_i <- c_i - c + (x_start - y_i) / (sum of the round's learning rates), and c becomes the mean of the c_i
+  (sent with the model).
+- :func:`outer_step`: DiLoCo's outer step on the averaged model (:class:`OuterNesterov`).
+- :func:`optimizer_moments`, :func:`check_optimizer_state`: the optimizer-state policy at an average
+  (``"keep"`` each process's own, ``"average"`` it with the model, ``"reset"`` it to zero).
+
+Every function takes parallel sequences (or dicts with the same keys) of NumPy arrays or torch tensors and
+changes its first argument(s) in place, so each executor calls it on whatever layout it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from stlsgd.errors import StlsgdError
+from stlsgd.executors.averaging import Array, OuterNesterov
+
+OptimizerState = Literal["average", "keep", "reset"]
+OPTIMIZER_STATES: tuple[str, ...] = ("average", "keep", "reset")
+
+
+@dataclass(frozen=True)
+class RoundRule:
+    """How a round updates the model besides the plan's local steps.
+
+    ``drift``: SCAFFOLD's control variates (option II) correct each client's steps by c - c_i; after the round
+    c_i <- c_i - c + (x_start - y_i) / (sum of the round's learning rates), and c becomes the mean of the c_i
+    (sent with the model: a round's bytes double). ``outer``: the average takes an outer optimizer step
+    (:class:`~stlsgd.executors.averaging.OuterNesterov`) instead of replacing the model.
+    """
+
+    drift: bool = False
+    outer: OuterNesterov | None = None
+
+
+PLAIN = RoundRule()
+
+
+def zeros_like(value: Array) -> Array:
+    return np.zeros_like(value) if isinstance(value, np.ndarray) else value.new_zeros(value.shape)
+
+
+def copy_of(value: Array) -> Array:
+    return value.copy() if isinstance(value, np.ndarray) else value.detach().clone()
+
+
+def add_proximal(
+    grads: list[torch.Tensor], params: list[torch.Tensor], anchor: list[torch.Tensor], gamma: float
+) -> None:
+    """In place: g += (x - x_s) / gamma, the gradient of 1/(2 gamma) ||x - x_s||^2 (Algorithm 3's proximal
+    term; parameters only, never buffers)."""
+    if grads:
+        torch._foreach_add_(grads, torch._foreach_sub([p.detach() for p in params], anchor), alpha=1.0 / gamma)
+
+
+def drift_correction(control: Sequence[Array], control_mean: Sequence[Array]) -> list[Array]:
+    """c - c_i for each tensor: what SCAFFOLD adds to every stochastic gradient of the round."""
+    return [c - ci for ci, c in zip(control, control_mean)]
+
+
+def update_control(
+    control: Sequence[Array], start: Sequence[Array], end: Sequence[Array], correction: Sequence[Array], lr_sum: float
+) -> None:
+    """In place: c_i <- c_i - c + (x_start - y_i) / lr_sum (SCAFFOLD option II), written as
+    (x_start - y_i) / lr_sum - (c - c_i) with ``correction`` = c - c_i the round used."""
+    for ci, x0, y, d in zip(control, start, end, correction):
+        ci[...] = (x0 - y) / lr_sum - d
+
+
+def outer_step(
+    outer: OuterNesterov, start: Sequence[Array], averaged: Sequence[Array], momentum: list[Array] | None
+) -> list[Array]:
+    """In place: each ``averaged`` tensor becomes the outer step's model from ``start`` (DiLoCo); returns the
+    outer momentum (made, zero, on the first call when ``momentum`` is None)."""
+    if momentum is None:
+        momentum = [zeros_like(x) for x in start]
+    for x0, x, m in zip(start, averaged, momentum):
+        outer.step(x0, x, m)
+    return momentum
+
+
+def check_optimizer_state(policy: str) -> None:
+    if policy not in OPTIMIZER_STATES:
+        raise StlsgdError(f"optimizer_state: must be 'average', 'keep' or 'reset', got {policy!r}")
+
+
+def optimizer_moments(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The optimizer's state tensors shaped like their parameters (SGD's momentum, Adam's moments): what the
+    optimizer-state policy averages or resets."""
+    out = []
+    for p in params:
+        for value in optimizer.state.get(p, {}).values():
+            if isinstance(value, torch.Tensor) and value.shape == p.shape and torch.is_floating_point(value):
+                out.append(value)
+    return out
+
+
+def reset_moments(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
+    for t in optimizer_moments(optimizer, params):
+        t.zero_()
+
+
+__all__: list[str] = [
+    "OPTIMIZER_STATES",
+    "PLAIN",
+    "OptimizerState",
+    "RoundRule",
+    "add_proximal",
+    "check_optimizer_state",
+    "copy_of",
+    "drift_correction",
+    "optimizer_moments",
+    "outer_step",
+    "reset_moments",
+    "update_control",
+    "zeros_like",
+]
