@@ -534,3 +534,21 @@ def test_a_drift_corrected_server_and_its_clients_resume_bit_for_bit(digits) -> 
     assert np.array_equal(second.control[0], whole.control[0])
     with pytest.raises(StlsgdError, match="the state has a control variate, and this strategy's drift=False"):
         _strategy_for(plan, 4, 60).load_state_dict(saved)
+
+
+def test_a_server_state_is_checked_when_loaded() -> None:
+    strategy, proxies = _configured()
+    strategy.aggregate_fit(1, [(proxies[i], _res(HONEST[i])) for i in range(3)], [])
+    saved = strategy.state_dict()
+    assert saved["driver"]["cursor"]["index"] == 1 and saved["driver"]["plan"]["name"] == "local_sgd"
+    with pytest.raises(StlsgdError, match=r"^StlsgdFedAvg.load_state_dict: the state was taken with plan .*local_sgd"):
+        StlsgdFedAvg(LocalSGD(lr=0.1, k=3)).load_state_dict(saved)
+    with pytest.raises(StlsgdError, match="^StlsgdFedAvg.load_state_dict: not a state StlsgdFedAvg.state_dict"):
+        StlsgdFedAvg(LocalSGD(lr=0.1, k=2)).load_state_dict({"cursor": {}})
+    bad = copy.deepcopy(saved)
+    bad["driver"]["step"] = -1
+    with pytest.raises(StlsgdError, match="step must be a whole number >= 0, got -1"):
+        StlsgdFedAvg(LocalSGD(lr=0.1, k=2)).load_state_dict(bad)
+    again = StlsgdFedAvg(LocalSGD(lr=0.1, k=2))
+    again.load_state_dict(saved)
+    assert again.cursor == strategy.cursor and again.averages == 1

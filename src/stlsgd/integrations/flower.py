@@ -14,8 +14,8 @@ Client (a ``NumPyClient``; or call :func:`run_local_steps` from your own client'
     from stlsgd.integrations.flower import StlsgdClient
     client = StlsgdClient(model, train_loader)   # fit(): load the global model, run the round's local steps
 
-Each Flower round is one round of the plan: ``configure_fit`` asks ``plan.next_round(cursor, feedback)`` and sends,
-in the fit config,
+Each Flower round is one round of the plan: ``configure_fit`` settles it with the plan driver every executor uses
+(:class:`~stlsgd.algorithms.driver.PlanDriver`, ``driver.settle(feedback)``) and sends, in the fit config,
 
 ==================== =====================================================================================
 ``stlsgd_steps``     the number of local steps (k_s, or fewer in a stage's last round) -- run exactly these
@@ -58,15 +58,17 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stlsgd.algorithms.driver import PlanDriver
 from stlsgd.algorithms.plan import Cursor, Feedback, Plan, Round
 from stlsgd.errors import StlsgdError, brief
+from stlsgd.executors.rules import add_proximal, drift_correction, update_control
 from stlsgd.integrations import missing
 
 try:
@@ -253,11 +255,13 @@ class StlsgdFedAvg(FedAvg):
         if max_update_ratio is not None and not (math.isfinite(max_update_ratio) and max_update_ratio >= 1):
             raise StlsgdError(f"max_update_ratio: must be a finite number >= 1 (or None), got {max_update_ratio}")
         self.plan = plan
+        #: The plan's position, the round settled for the clients and the feedback that settled it (the plan
+        #: driver every executor uses).
+        self.driver = PlanDriver(plan)
         self.max_iterations = max_iterations
         self.drift = drift
         self.example_cap = example_cap
         self.max_update_ratio = max_update_ratio
-        self.cursor = Cursor()
         self.averages = 0
         self.completed: list[Round] = []  # the rounds averaged so far
         self.objective: float | None = None
@@ -268,8 +272,6 @@ class StlsgdFedAvg(FedAvg):
         self.weights: list[np.ndarray] | None = None
         #: Every update rejected so far.
         self.rejected: list[Rejection] = []
-        self._round: Round | None = None
-        self._feedback = Feedback()
         self._num_clients = 0
 
     def __repr__(self) -> str:
@@ -288,23 +290,15 @@ class StlsgdFedAvg(FedAvg):
             count += 1
         raise AssertionError("unreachable")  # pragma: no cover
 
-    # ----------------------------------------------------------------- the plan: settle a round, advance
-
-    def _settle(self) -> Round:
-        """The plan's next round at the cursor, under the feedback of the moment."""
-        self._feedback = Feedback(objective=self.objective)
-        return self.plan.next_round(self.cursor, self._feedback)
-
-    def _advance(self, rnd: Round) -> None:
-        """The round was averaged: count it and move the plan's cursor past it."""
-        self.averages += 1
-        self.completed.append(rnd)
-        self.cursor = self.plan.advance(self.cursor, rnd, self._feedback)
+    @property
+    def cursor(self) -> Cursor:
+        """The plan's position: the start of the round being run, or of the next one."""
+        return self.driver.cursor
 
     def round_config(self, parameters: Parameters) -> dict[str, Scalar]:
-        """Settle the next round of the plan and the config that tells the clients how to run it."""
-        rnd = self._settle()
-        self._round = rnd
+        """Settle the next round of the plan and the config that tells the clients how to run it. A round that
+        was settled and not averaged (every update rejected) is the one settled again, as it was."""
+        rnd = self.driver.settle(Feedback(objective=self.objective))
         sent = parameters_to_ndarrays(parameters)
         self.weights = sent
         config: dict[str, Scalar] = {
@@ -413,7 +407,8 @@ class StlsgdFedAvg(FedAvg):
         was rejected and ``accept_failures`` is False) nothing is averaged and the plan does not move: the same
         round is configured again. The metrics hold ``stlsgd_rejected`` (a count) and ``stlsgd_rejections``
         (``client <cid>: <why>; ...``); each rejection is also logged on the ``stlsgd`` logger."""
-        if self._round is None or self.weights is None:
+        rnd = self.driver.round
+        if rnd is None or self.weights is None:
             return None, {}
         rejected: list[Rejection] = []
         updates: list[_Update] = []
@@ -427,7 +422,7 @@ class StlsgdFedAvg(FedAvg):
         updates = [u for u in updates if all(r.cid != u.cid for r in outliers)]
         parameters = None
         if updates and (self.accept_failures or not (failures or rejected)):
-            parameters = self._average(updates, rejected, server_round)
+            parameters = self._average(rnd, updates, rejected, server_round)
         metrics: dict[str, Scalar] = {}
         if parameters is not None and self.fit_metrics_aggregation_fn:
             metrics = dict(self.fit_metrics_aggregation_fn([(u.weight, u.metrics) for u in updates]))  # type: ignore[misc]
@@ -441,14 +436,16 @@ class StlsgdFedAvg(FedAvg):
             log.warning(
                 "stlsgd: Flower round %d: nothing averaged; the plan's round %d runs again",
                 server_round,
-                self._round.index,
+                rnd.index,
             )
         return parameters, metrics
 
-    def _average(self, updates: list[_Update], rejected: list[Rejection], server_round: int) -> Parameters | None:
+    def _average(
+        self, rnd: Round, updates: list[_Update], rejected: list[Rejection], server_round: int
+    ) -> Parameters | None:
         """The capped-weight average of the checked updates (float64 sums), SCAFFOLD's server step, the fed-back
         loss, and the plan's advance; None (and a rejection of the round) if the average is not finite."""
-        assert self.weights is not None and self._round is not None
+        assert self.weights is not None
         counts = np.array([u.num_examples for u in updates], dtype=np.float64)
         limit = math.inf if self.example_cap is None else self.example_cap * float(np.median(counts))
         for u in updates:
@@ -485,42 +482,44 @@ class StlsgdFedAvg(FedAvg):
             if math.isfinite(objective):
                 self.objective = objective
         self.weights = averaged
-        self._advance(self._round)
-        self._round = None
+        self.driver.count(rnd.steps)  # the clients ran the round's steps: count them, move the cursor past it
+        self.driver.finish()
+        self.averages += 1
+        self.completed.append(rnd)
         return ndarrays_to_parameters(averaged)
 
     # ----------------------------------------------------------------- checkpoints
 
     def state_dict(self) -> dict[str, Any]:
-        """The plan's position and SCAFFOLD's c (save it with the global parameters to restart the server)."""
+        """The plan driver's state (the plan's identity and position) and SCAFFOLD's c: save it with the global
+        parameters to restart the server."""
         return {
-            "cursor": self.cursor.to_dict(),
+            "driver": self.driver.state_dict(),
             "averages": self.averages,
             "objective": self.objective,
             "anchor": None if self.anchor is None else [a.copy() for a in self.anchor],
             "control": None if self.control is None else [c.copy() for c in self.control],
-            "plan": {"name": type(self.plan).__name__, **self.plan.describe()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        plan = {"name": type(self.plan).__name__, **self.plan.describe()}
-        if state.get("plan") != plan:
-            raise StlsgdError(
-                f"StlsgdFedAvg.load_state_dict: the state was taken with plan {state.get('plan')}, not {plan}"
-            )
+        who = "StlsgdFedAvg.load_state_dict"
+        if not isinstance(state, dict) or not {"averages", "objective", "anchor"} <= state.keys():
+            raise StlsgdError(f"{who}: not a state StlsgdFedAvg.state_dict() saved")
+        driver = state.get("driver")
+        if driver is None and "cursor" in state:  # saved before the plan driver: a round boundary
+            driver = {"plan": state.get("plan"), "cursor": state["cursor"], "step": 0, "feedback": None}
         control = state.get("control")
         if self.drift != (control is not None) and int(state["averages"]) > 0:
             have = "has" if control is not None else "has no"
             raise StlsgdError(
-                f"StlsgdFedAvg.load_state_dict: the state {have} a control variate, and this strategy's "
+                f"{who}: the state {have} a control variate, and this strategy's "
                 f"drift={self.drift}: build the strategy as the saved one was"
             )
-        self.cursor = Cursor.from_dict(state["cursor"])
+        self.driver.load_state_dict(driver, who=who)  # type: ignore[arg-type]
         self.averages = int(state["averages"])
         self.objective = state["objective"]
         self.anchor = None if state["anchor"] is None else [np.asarray(a).copy() for a in state["anchor"]]
         self.control = None if control is None else [np.asarray(c).copy() for c in control]
-        self._round = None
 
 
 def _cid_order(cid: str) -> tuple[int, int | str]:
@@ -664,16 +663,17 @@ def run_local_steps(
         gamma = float(sent_gamma)  # type: ignore[arg-type]
     anchor = _anchor(model, config) if gamma is not None else {}
     names = list(_floating(model).keys())
-    drift = None
+    named = list(model.named_parameters())
+    correction: list[torch.Tensor] | None = None
     if PREFIX + "control" in config:
         c = _sent_arrays(model, config, "control")
         if control is None:
             mine = {n: torch.zeros_like(t) for n, t in c.items()}
         else:
             mine = _sent_arrays(model, {PREFIX + "c_i": pack(list(control))}, "c_i")
-        start = {n: p.detach().clone() for n, p in model.named_parameters()}
-        drift = {n: c[n] - mine[n] for n in start}  # c - c_i, constant through the round
-    params = [(p, anchor.get(n), None if drift is None else drift[n]) for n, p in model.named_parameters()]
+        start = [p.detach().clone() for _, p in named]
+        c_i = [mine[n].clone() for n, _ in named]
+        correction = cast(list[torch.Tensor], drift_correction(c_i, [c[n] for n, _ in named]))  # c - c_i, all round
     next_batch = _batch_source(batches)
     model.train()
     first = last = float("nan")
@@ -685,13 +685,13 @@ def run_local_steps(
         optimizer.zero_grad()
         loss.backward()
         with torch.no_grad():
-            for p, a, d in params:
-                if p.grad is None:
-                    continue
-                if gamma is not None and a is not None:
-                    p.grad.add_(p.detach() - a, alpha=1.0 / gamma)  # d/dx 1/(2 gamma)||x - x_s||^2
-                if d is not None:
-                    p.grad.add_(d)  # SCAFFOLD: g - c_i + c
+            live = [i for i, (_, p) in enumerate(named) if p.grad is not None]
+            grads = [named[i][1].grad for i in live]
+            if gamma is not None:  # d/dx 1/(2 gamma)||x - x_s||^2
+                add_proximal(grads, [named[i][1] for i in live], [anchor[named[i][0]] for i in live], gamma)  # type: ignore[arg-type]
+            if correction is not None:
+                for i, g in zip(live, grads):
+                    g.add_(correction[i])  # type: ignore[union-attr]  # SCAFFOLD: g - c_i + c
         if lrs is not None:
             for group in optimizer.param_groups:
                 group["lr"] = lrs[step]
@@ -702,19 +702,16 @@ def run_local_steps(
             first = last
         seen += len(y)
     out: dict[str, Any] = {"steps": steps, "num_examples": seen, "loss": first, "last_loss": last}
-    if drift is not None:
-        new, delta = [], []
-        current = dict(model.named_parameters())
-        for n in names:
-            if n in drift and lr_sum > 0:
-                with torch.no_grad():  # c_i^+ = c_i - c + (x - y_i)/sum(lr) = (x - y_i)/sum(lr) - (c - c_i)
-                    ci = (start[n] - current[n].detach()) / lr_sum - drift[n]
-                new.append(ci.cpu().numpy())
-                delta.append((ci - mine[n]).cpu().numpy())
-            else:  # a buffer (BatchNorm statistics), or a round of lr 0: c_i stays
-                new.append(mine[n].cpu().numpy().copy())
-                delta.append(np.zeros_like(new[-1]))
-        out["control"], out["control_delta"] = new, delta
+    if correction is not None:
+        if lr_sum > 0:  # a round of lr 0 leaves c_i as it was
+            with torch.no_grad():
+                update_control(c_i, start, [p.detach() for _, p in named], correction, lr_sum)
+        new = {n: ci for (n, _), ci in zip(named, c_i)}
+        # c_i in get_weights order; buffers (BatchNorm statistics) have none: zeros
+        out["control"] = [new[n].cpu().numpy() if n in new else mine[n].cpu().numpy().copy() for n in names]
+        out["control_delta"] = [
+            (new[n] - mine[n]).cpu().numpy() if n in new else np.zeros_like(mine[n].cpu().numpy()) for n in names
+        ]
     return out
 
 
