@@ -250,6 +250,7 @@ def _bad_updates() -> dict[str, tuple[FitRes, str]]:
         "loss inf": (_res(_honest(1.0), loss=float("inf")), "got inf"),
         "loss 1e308": (_res(_honest(1.0), loss=1e308), "got 1e+308"),
         "loss text": (_res(_honest(1.0), loss="low"), "got 'low'"),
+        "loss 10^400": (_res(_honest(1.0), loss=10**400), "stlsgd_loss must be a finite number within 1e100"),
         "failed status": (_res(_honest(1.0), code=Code.FIT_NOT_IMPLEMENTED), "status FIT_NOT_IMPLEMENTED"),
     }
 
@@ -279,7 +280,7 @@ def test_counts_summing_to_zero_average_nothing_and_the_plan_does_not_move(caplo
         parameters, metrics = strategy.aggregate_fit(1, results, [])
     assert parameters is None and metrics["stlsgd_rejected"] == 4
     assert strategy.averages == 0 and strategy.cursor.index == 0
-    assert "nothing averaged; the plan's round 0 runs again" in caplog.text
+    assert "nothing averaged (4 updates, 4 rejected, 0 failures); the plan's round 0 runs again" in caplog.text
     manager = SimpleClientManager()
     for p in proxies:
         manager.register(p)
@@ -338,6 +339,14 @@ def test_every_update_rejected_leaves_the_model_and_the_plan_where_they_were() -
     assert parameters is None and metrics["stlsgd_rejected"] == 4 and strategy.cursor.index == 0
 
 
+def test_a_round_of_failed_clients_says_why_and_does_not_move_the_plan(caplog) -> None:
+    strategy, proxies = _configured()
+    with caplog.at_level(logging.WARNING, logger="stlsgd"):
+        parameters, _ = strategy.aggregate_fit(1, [], [NameError("name 'x' is not defined")] * 4)
+    assert parameters is None and strategy.cursor.index == 0
+    assert "(0 updates, 0 rejected, 4 failures, the first: NameError: name 'x' is not defined)" in caplog.text
+
+
 def test_without_accept_failures_one_rejection_averages_nothing() -> None:
     strategy, proxies = _configured(accept_failures=False)
     results = [(proxies[i], _res(HONEST[i])) for i in range(3)] + [(proxies[3], _res(HONEST[0], n=-1))]
@@ -351,7 +360,8 @@ def test_without_accept_failures_one_rejection_averages_nothing() -> None:
         ({"stlsgd_lr": float("nan")}, "run_local_steps: stlsgd_lr: must be a finite number >= 0, got nan"),
         ({"stlsgd_lr": float("inf")}, "stlsgd_lr: must be a finite number >= 0, got inf"),
         ({"stlsgd_lr": -0.1}, "stlsgd_lr: must be a finite number >= 0, got -0.1"),
-        ({"stlsgd_lr": 0.1, "stlsgd_lrs": np.array([0.1, np.nan]).tobytes()}, "stlsgd_lr: must be a finite"),
+        ({"stlsgd_lr": 0.1, "stlsgd_lrs": np.array([0.1, np.nan]).tobytes()}, "stlsgd_lrs: each must be a finite"),
+        ({"stlsgd_lr": 10**400}, "stlsgd_lr: must be a finite number >= 0, got 1000"),
         ({"stlsgd_lr": 0.1, "stlsgd_lrs": np.array([0.1]).tobytes()}, "stlsgd_lrs: must be 2 float64"),
         ({"stlsgd_lr": 0.1, "stlsgd_steps": -3}, "stlsgd_steps: must be an integer >= 1, got -3"),
         ({"stlsgd_lr": 0.1, "stlsgd_gamma": 0.25, "stlsgd_anchor": pack([np.zeros(1, np.float32)])}, "has shape"),

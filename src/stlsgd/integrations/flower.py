@@ -149,19 +149,31 @@ def weighted_means(metrics: list[tuple[int, dict[str, Scalar]]]) -> dict[str, Sc
     """The clients' numeric fit metrics averaged with their example counts (the strategy's default
     ``fit_metrics_aggregation_fn``: the round's ``stlsgd_loss``). Non-finite values are left out."""
     total = sum(n for n, _ in metrics)
-    keys = {k for _, m in metrics for k, v in m.items() if _real(v) and math.isfinite(float(v))}
     if total <= 0:
         return {}
+    values: dict[str, list[tuple[float, float]]] = {}
+    for n, m in metrics:
+        for k, v in m.items():
+            x = _finite(v)
+            if x is not None:
+                values.setdefault(k, []).append((n / total, x))
     out: dict[str, Scalar] = {}
-    for k in sorted(keys):
-        value = sum((n / total) * float(m[k]) for n, m in metrics if k in m and _real(m[k]))
+    for k in sorted(values):
+        value = sum(share * x for share, x in values[k])
         if math.isfinite(value):
             out[k] = value
     return out
 
 
-def _real(value: object) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+def _finite(value: object) -> float | None:
+    """``value`` as a finite float, or None when it is no real number (bool, text, bytes) or not finite."""
+    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
+        return None
+    try:
+        x = float(value)
+    except OverflowError:  # an int beyond float's range
+        return None
+    return x if math.isfinite(x) else None
 
 
 #: The largest ``num_examples`` accepted: beyond 2^53 a count is no longer an exact float weight.
@@ -360,7 +372,7 @@ class StlsgdFedAvg(FedAvg):
         metrics = dict(res.metrics or {})
         if PREFIX + "loss" in metrics:
             loss = metrics[PREFIX + "loss"]
-            if not (_real(loss) and math.isfinite(float(loss)) and abs(float(loss)) <= MAX_LOSS):  # type: ignore[arg-type]
+            if (x := _finite(loss)) is None or abs(x) > MAX_LOSS:
                 raise _Rejected(f"stlsgd_loss must be a finite number within 1e100, got {loss!r}")
         delta = None
         if self.drift:
@@ -433,9 +445,15 @@ class StlsgdFedAvg(FedAvg):
                 log.warning("stlsgd: Flower round %d: rejected the update of %s", server_round, r)
             self.rejected += rejected
         if parameters is None:
+            first = next((f for f in failures if isinstance(f, BaseException)), None)
             log.warning(
-                "stlsgd: Flower round %d: nothing averaged; the plan's round %d runs again",
+                "stlsgd: Flower round %d: nothing averaged (%d updates, %d rejected, %d failures%s); the plan's "
+                "round %d runs again",
                 server_round,
+                len(results),
+                len(rejected),
+                len(failures),
+                "" if first is None else f", the first: {type(first).__name__}: {brief(first, 160)}",
                 rnd.index,
             )
         return parameters, metrics
@@ -574,14 +592,16 @@ def _config_lrs(config: dict[str, Scalar], steps: int) -> list[float] | None:
         if not isinstance(data, bytes) or len(data) != 8 * steps:
             raise _refuse("lrs", f"must be {steps} float64 learning rates, one per step")
         lrs: list[float] = np.frombuffer(data, dtype=np.float64).tolist()
-    elif PREFIX + "lr" in config:
-        lrs = [config[PREFIX + "lr"]] * steps  # type: ignore[list-item]
-    else:
+        for lr in lrs:
+            if (x := _finite(lr)) is None or x < 0:
+                raise _refuse("lrs", f"each must be a finite number >= 0, got {lr!r}")
+        return lrs
+    if PREFIX + "lr" not in config:
         return None
-    for lr in lrs:
-        if not (_real(lr) and math.isfinite(float(lr)) and float(lr) >= 0):
-            raise _refuse("lr", f"must be a finite number >= 0, got {lr!r}")
-    return [float(lr) for lr in lrs]
+    sent = config[PREFIX + "lr"]
+    if (x := _finite(sent)) is None or x < 0:
+        raise _refuse("lr", f"must be a finite number >= 0, got {sent!r}")
+    return [x] * steps
 
 
 def _sent_arrays(model: nn.Module, config: dict[str, Scalar], key: str) -> dict[str, torch.Tensor]:
@@ -658,9 +678,9 @@ def run_local_steps(
     gamma: float | None = None
     if PREFIX + "gamma" in config:
         sent_gamma = config[PREFIX + "gamma"]
-        if not (_real(sent_gamma) and math.isfinite(float(sent_gamma)) and float(sent_gamma) > 0):  # type: ignore[arg-type]
+        if (g := _finite(sent_gamma)) is None or g <= 0:
             raise _refuse("gamma", f"must be a finite number > 0, got {sent_gamma!r}")
-        gamma = float(sent_gamma)  # type: ignore[arg-type]
+        gamma = g
     anchor = _anchor(model, config) if gamma is not None else {}
     names = list(_floating(model).keys())
     named = list(model.named_parameters())
@@ -690,8 +710,8 @@ def run_local_steps(
             if gamma is not None:  # d/dx 1/(2 gamma)||x - x_s||^2
                 add_proximal(grads, [named[i][1] for i in live], [anchor[named[i][0]] for i in live], gamma)  # type: ignore[arg-type]
             if correction is not None:
-                for i, g in zip(live, grads):
-                    g.add_(correction[i])  # type: ignore[union-attr]  # SCAFFOLD: g - c_i + c
+                for i, grad in zip(live, grads):
+                    grad.add_(correction[i])  # type: ignore[union-attr]  # SCAFFOLD: g - c_i + c
         if lrs is not None:
             for group in optimizer.param_groups:
                 group["lr"] = lrs[step]
