@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from stlsgd.algorithms import QSR, AdaComm, Cosine, Cursor, Feedback, InverseTime, LRCoupled, PostLocalSGD, StepDecay
+from stlsgd.algorithms.driver import PlanDriver
 from stlsgd.algorithms.registry import PlanContext
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
@@ -42,7 +45,7 @@ def test_lr_coupled_keeps_eta_times_k_constant_on_its_own_schedule() -> None:
     assert [(r.start_iteration, r.steps) for r in take(plan, 10)][8:] == [(22, 8), (30, 16)]
 
 
-def test_lr_coupled_takes_eta_1_from_the_first_round_when_not_given() -> None:
+def test_lr_coupled_takes_eta_1_as_the_largest_lr_seen_when_not_given() -> None:
     plan = LRCoupled(k1=3)
     cursor = Cursor()
     rnd = plan.next_round(cursor, Feedback(lr=0.05))  # the optimizer's lr (the drop-in)
@@ -50,7 +53,47 @@ def test_lr_coupled_takes_eta_1_from_the_first_round_when_not_given() -> None:
     cursor = plan.advance(cursor, rnd, Feedback(lr=0.05))
     assert cursor.memo == (0.05,)
     assert plan.next_round(cursor, Feedback(lr=0.0125)).steps == 12  # 3 * 0.05 / 0.0125
-    assert plan.next_round(cursor, Feedback(lr=0.0)).steps == plan.k_max  # a zero lr: the cap
+    assert plan.next_round(cursor, Feedback(lr=0.0)).steps == 3  # a zero lr: k_1, never an unbounded period
+
+
+def _periods(plan: LRCoupled, lrs: list[float]) -> list[int]:
+    """The periods of successive rounds whose first steps use ``lrs`` (the optimizer's lr, fed back)."""
+    driver = PlanDriver(plan)
+    return [driver.take(Feedback(lr=lr)).steps for lr in lrs]
+
+
+def test_lr_coupled_holds_k1_while_the_lr_rises_and_couples_once_it_falls() -> None:
+    # eta_1 is the largest lr so far: 0 (a warm-up's start), rising 0.05 and 0.1: k_1 = 2 each time; falling to
+    # 0.05 and 0.025: 2 * 0.1 / 0.05 = 4 and 8; a restart to 0.2 (above every lr before): 2; 0.1: 4; lr 0: 2.
+    assert _periods(LRCoupled(k1=2), [0.0, 0.05, 0.1, 0.05, 0.025, 0.2, 0.1, 0.0]) == [2, 2, 2, 4, 8, 2, 4, 2]
+    # With lr1 given, the warm-up still runs at k_1, and the decay couples to lr1: 2 * 0.1 / 0.05 = 4.
+    assert _periods(LRCoupled(k1=2, lr1=0.1), [0.01, 0.05, 0.1, 0.05]) == [2, 2, 2, 4]
+
+
+def _syncs(plan: LRCoupled, lr: Callable[[int], float], total: int) -> int:
+    driver = PlanDriver(plan)
+    while driver.iteration < total:
+        driver.take(Feedback(lr=lr(driver.iteration)))
+    return driver.cursor.index
+
+
+@pytest.mark.parametrize("start", [0.0, 0.1], ids=["warm-up-from-0", "warm-up-from-0.1lr"])
+def test_lr_coupled_syncs_as_often_with_a_linear_warm_up_as_without(start: float) -> None:
+    # 6000 steps of cosine from 0.1 to 0, with and without a 600-step linear warm-up from start * lr first (the
+    # cosine then spans the other 5400 steps). Before the fix: from 0 the first round was k_max = 2^20 steps
+    # (one round, never averaged); from 0.1 lr eta_1 was 0.01 and nearly every step synchronised.
+    lr, total, warm = 0.1, 6000, 600
+
+    def cosine(t: int, length: int) -> float:
+        return 0.5 * lr * (1 + math.cos(math.pi * t / length))
+
+    def warmed(t: int) -> float:
+        return lr * (start + (1 - start) * t / warm) if t < warm else cosine(t - warm, total - warm)
+
+    plain = _syncs(LRCoupled(k1=4), lambda t: cosine(t, total), total)
+    with_warm_up = _syncs(LRCoupled(k1=4), warmed, total)
+    assert 100 < plain < 1500  # k_1 = 4 at the peak, growing as the lr falls
+    assert abs(with_warm_up - plain) <= 0.1 * plain
 
 
 def test_qsr_is_quadratic_in_one_over_eta_and_never_below_h_base() -> None:

@@ -36,3 +36,24 @@ def on_thread_ranks(world: int, fn: Callable[[dist.ProcessGroup], Any], timeout_
     if errors:
         raise errors[0]
     return results
+
+
+def torchrun_worker(script: str, out: Any, nproc: int = 2, timeout_s: float = 240) -> Any:
+    """Run ``tests/distributed/<script> OUT`` under torchrun with ``nproc`` ranks; the finished process."""
+    import subprocess
+
+    return subprocess.run(
+        [
+            TORCHRUN,
+            f"--nproc_per_node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            REPO / "tests" / "distributed" / script,
+            out,
+        ],
+        cwd=REPO,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )

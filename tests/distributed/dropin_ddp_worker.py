@@ -16,6 +16,7 @@ from torch import nn
 
 from stlsgd.algorithms import LocalSGD
 from stlsgd.dropin import PlanAverager
+from stlsgd.errors import StlsgdError
 
 
 def main(out: Path) -> None:
@@ -33,6 +34,11 @@ def main(out: Path) -> None:
     ddp.register_comm_hook(None, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
+    try:  # the trap: the inner module while DDP's all-reduce is live
+        PlanAverager(inner, opt, LocalSGD(k=5))
+        inner_refused = None
+    except StlsgdError as exc:
+        inner_refused = str(exc)
     averager = PlanAverager(ddp, opt, LocalSGD(k=5))  # stlsgd (2 of 2)
     gen = torch.Generator().manual_seed(100 + rank)
     for step in range(21):
@@ -57,6 +63,7 @@ def main(out: Path) -> None:
         "skipped": 21 - averager.iteration,
         "averages": averager.stats.averages,
         "in_sync": in_sync,
+        "inner_refused": inner_refused,
         "weights": inner[0].weight.detach().flatten().tolist(),
         "bn_mean": inner[1].running_mean.tolist(),
     }

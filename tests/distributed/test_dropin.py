@@ -9,13 +9,12 @@ from __future__ import annotations
 import copy
 import csv
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from dist_helpers import REPO, TORCHRUN, free_port, launch_env, on_thread_ranks
+from dist_helpers import on_thread_ranks, torchrun_worker
 from torch import nn
 
 from stlsgd.algorithms import CRPSGD, QSR, STLSGD, LocalSGD, LRCoupled, PostLocalSGD
@@ -145,21 +144,7 @@ def test_momentum_at_an_average_follows_the_policy(policy: str) -> None:
 def test_ddp_accumulation_and_amp_keep_working_without_ddps_per_step_all_reduce(tmp_path: Path) -> None:
     # Real processes: DDP needs a registered process group. The worker trains a DDP-wrapped model with two
     # micro-batches a step (the first under ddp.no_sync()), autocast and a GradScaler that skips one step.
-    result = subprocess.run(
-        [
-            TORCHRUN,
-            "--nproc_per_node=2",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            REPO / "tests" / "distributed" / "dropin_ddp_worker.py",
-            tmp_path,
-        ],
-        cwd=REPO,
-        env=launch_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    result = torchrun_worker("dropin_ddp_worker.py", tmp_path, timeout_s=180)
     assert result.returncode == 0, result.stderr[-3000:]
     a, b = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     for res in (a, b):
@@ -168,6 +153,9 @@ def test_ddp_accumulation_and_amp_keep_working_without_ddps_per_step_all_reduce(
         assert res["averages"] == 4  # rounds of 5 counted optimizer steps
         assert res["in_sync"] is True
     assert a["weights"] == b["weights"] and a["bn_mean"] == b["bn_mean"]
+    # The inner module of a live DDP was refused in one line (its all-reduce would have stayed on).
+    assert a["inner_refused"] == b["inner_refused"]
+    assert a["inner_refused"].startswith("model: a live DistributedDataParallel wraps this module")
     assert "DDP's per-step gradient all-reduce is switched off" in result.stderr
 
 

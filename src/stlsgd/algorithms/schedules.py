@@ -20,6 +20,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+# The paper's methods register before these (the README's methods table, `stlsgd methods`, lists them in order).
+from stlsgd.algorithms import stl_sgd as _paper_methods  # noqa: E402, F401, I001
 from stlsgd.algorithms.plan import (
     NO_FEEDBACK,
     Cosine,
@@ -91,9 +93,13 @@ class PostLocalSGD(_LocalPlan):
 
 @dataclass
 class LRCoupled(_LocalPlan):
-    """k_t = k_1 eta_1 / eta_t (the paper's eta k = constant, for any schedule of eta).
+    """k_t = k_1 eta_1 / eta_t (the paper's eta k = constant, for any schedule of eta), made safe for warm-up.
 
-    ``lr1`` is eta_1; None: the learning rate of the first round, remembered in the cursor's memo.
+    eta_t is the learning rate of the round's first step. ``lr1`` is eta_1; None: the largest learning rate
+    seen so far at a round's start (kept in the cursor's memo), so eta_1 is never taken from a warming-up lr.
+    While the lr rises (eta_t at or above the largest seen so far: a warm-up, a restart) the period is held at
+    k_1; once it falls below, k_t = k_1 eta_1 / eta_t. An lr of 0 (the start of a linear warm-up, the end of
+    a schedule) gives k_1, never an unbounded period; every period is capped at ``k_max``.
     """
 
     k1: float = 1.0
@@ -105,19 +111,26 @@ class LRCoupled(_LocalPlan):
         if not (isinstance(self.k1, (int, float)) and 1 <= self.k1 < math.inf):
             raise ValueError(f"k1: must be >= 1 (the period at eta_1, in steps), got {self.k1!r}")
 
-    def _eta1(self, cursor: Cursor, lr: float) -> float:
-        return self.lr1 if self.lr1 is not None else (cursor.memo[0] if cursor.memo else lr)
+    def _seen(self, cursor: Cursor, lr: float) -> float:
+        """The largest lr at a round's start so far, this round's included. (A cursor saved before the memo held
+        it, with ``lr1`` given, had the plan's non-increasing schedule: its largest lr was lr1.)"""
+        if cursor.memo:
+            return max(cursor.memo[0], lr)
+        return self.lr1 if self.lr1 is not None and cursor.index > 0 else lr
 
     def period_at(self, cursor: Cursor, feedback: Feedback) -> int:
         lr = self.lr_at(cursor, feedback)
         if lr is None:
             raise ValueError("lr_coupled needs a learning rate: its own schedule, or the optimizer's fed back")
-        return _period(self.k1 * self._eta1(cursor, lr) / lr if lr > 0 else math.inf, self.k_max)
+        seen = self._seen(cursor, lr)
+        if lr <= 0 or lr >= seen:  # warming up, at the peak, or no step at all: the period at eta_1
+            return _period(self.k1, self.k_max)
+        eta1 = self.lr1 if self.lr1 is not None else seen
+        return _period(self.k1 * eta1 / lr, self.k_max)
 
     def _memo(self, cursor: Cursor, rnd: Round, feedback: Feedback) -> tuple[float, ...]:
-        if cursor.memo or self.lr1 is not None:
-            return cursor.memo
-        return (self.lr_at(cursor, feedback),)
+        lr = self.lr_at(cursor, feedback)
+        return cursor.memo if lr is None else (self._seen(cursor, lr),)
 
 
 @dataclass

@@ -79,7 +79,7 @@ class PlanAverager:
         self.place = distributed.locate(group)
         self.group = group
         if model is not self.module:  # DDP: its gradient all-reduce would undo the point of local steps
-            model.require_backward_grad_sync = False
+            setattr(model, "require_backward_grad_sync", False)  # noqa: B010 - DDP's attribute, not nn.Module's
             self._say(
                 "DDP's per-step gradient all-reduce is switched off: the model is averaged at the end of "
                 "each round of the plan instead"
@@ -91,7 +91,12 @@ class PlanAverager:
             raise StlsgdError("model: has no floating-point parameters to average")
         self._callbacks = [on_round] if on_round is not None else []
         if log_every is not None:
-            self._callbacks.append(lambda s: s.round % log_every == 0 and self._say(s.line()))
+
+            def log(stats: RoundStats) -> None:
+                if stats.round % log_every == 0:
+                    self._say(stats.line())
+
+            self._callbacks.append(log)
         if csv is not None:
             self._callbacks.append(CsvLog(Path(csv)).write if self.rank == 0 else (lambda s: None))
         self.stats = RoundStats()
@@ -403,7 +408,8 @@ class PlanAverager:
             with torch.no_grad():
                 correction = drift_correction(self._control, self._control_mean)
                 for i, (c, x0, p, d) in enumerate(zip(self._control, self._start_params, params, correction)):
-                    total = self._lr_sums[self._group_of[i]] if self._group_of[i] is not None else 0.0
+                    where = self._group_of[i]
+                    total = 0.0 if where is None else self._lr_sums[where]
                     if total > 0:  # a parameter that took no step keeps its control variate
                         update_control([c], [x0], [p.detach()], [d], total)
             means = [c.clone() for c in self._control]  # c = mean of the c_i, in the model's all-reduce

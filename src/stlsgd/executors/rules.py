@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -65,13 +65,13 @@ def add_proximal(
         torch._foreach_add_(grads, torch._foreach_sub([p.detach() for p in params], anchor), alpha=1.0 / gamma)
 
 
-def drift_correction(control: Sequence[Array], control_mean: Sequence[Array]) -> list[Array]:
+def drift_correction(control: Sequence[Any], control_mean: Sequence[Any]) -> list[Any]:
     """c - c_i for each tensor: what SCAFFOLD adds to every stochastic gradient of the round."""
     return [c - ci for ci, c in zip(control, control_mean)]
 
 
 def update_control(
-    control: Sequence[Array], start: Sequence[Array], end: Sequence[Array], correction: Sequence[Array], lr_sum: float
+    control: Sequence[Any], start: Sequence[Any], end: Sequence[Any], correction: Sequence[Any], lr_sum: float
 ) -> None:
     """In place: c_i <- c_i - c + (x_start - y_i) / lr_sum (SCAFFOLD option II), written as
     (x_start - y_i) / lr_sum - (c - c_i) with ``correction`` = c - c_i the round used."""
@@ -80,8 +80,8 @@ def update_control(
 
 
 def outer_step(
-    outer: OuterNesterov, start: Sequence[Array], averaged: Sequence[Array], momentum: list[Array] | None
-) -> list[Array]:
+    outer: OuterNesterov, start: Sequence[Any], averaged: Sequence[Any], momentum: list[Any] | None
+) -> list[Any]:
     """In place: each ``averaged`` tensor becomes the outer step's model from ``start`` (DiLoCo); returns the
     outer momentum (made, zero, on the first call when ``momentum`` is None)."""
     if momentum is None:

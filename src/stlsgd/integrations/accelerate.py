@@ -33,6 +33,7 @@ DeepSpeed, FSDP, XLA, Megatron-LM and the other types are refused with one line.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ from torch import nn
 from stlsgd.algorithms.plan import Plan
 from stlsgd.dropin import PlanAverager
 from stlsgd.errors import StlsgdError
+from stlsgd.executors import distributed
 from stlsgd.integrations import missing
 
 try:
@@ -53,12 +55,20 @@ SUPPORTED = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULT
 
 
 def check_distributed_type(kind: Any) -> None:
-    """Refuse (one line) a distributed type other than NO, MULTI_CPU and MULTI_GPU."""
+    """Refuse (one line) a distributed type other than NO, MULTI_CPU and MULTI_GPU, and NO inside a torchrun
+    world of several processes (Accelerate then neither shards the loaders nor knows the other processes)."""
     if kind not in SUPPORTED:
         name = getattr(kind, "value", str(kind))
         raise StlsgdError(
             f"StlsgdLocalSGD: Accelerate's distributed type {name} is not supported; stlsgd averages "
             "whole replicated models: use NO, MULTI_CPU or MULTI_GPU (plain data parallel)"
+        )
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1) if distributed.launched() else 1
+    if kind == DistributedType.NO and world > 1:
+        raise StlsgdError(
+            f"StlsgdLocalSGD: torchrun started {world} processes but Accelerate runs each alone "
+            "(DistributedType.NO: no GPU to put them on), so the loaders are not sharded; on a CPU-only "
+            "machine use Accelerator(cpu=True)"
         )
 
 
@@ -67,7 +77,7 @@ class StlsgdLocalSGD:
 
     ``model`` and ``optimizer`` as returned by ``accelerator.prepare`` (a DDP model, an ``AcceleratedOptimizer``;
     plain ones work too). ``enabled=False`` turns it into a no-op, as Accelerate's. Keyword arguments go to
-    :class:`~stlsgd.dropin.PlanAverager` (``plan_lr``, ``optimizer_state``, ``outer``, ``on_round``,
+    :class:`~stlsgd.dropin.PlanAverager` (``plan_lr``, ``optimizer_state``, ``outer``, ``drift``, ``on_round``,
     ``log_every``, ``csv``, ...); the averager is :attr:`averager` (None when disabled).
     """
 

@@ -61,7 +61,8 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
 
 class StlsgdCallback(Callback):
     """Runs ``plan`` in the fit (see the module docstring). Keyword arguments go to
-    :class:`~stlsgd.dropin.PlanAverager` (``plan_lr``, ``optimizer_state``, ``outer``, ``log_every``, ``csv``);
+    :class:`~stlsgd.dropin.PlanAverager` (``plan_lr``, ``optimizer_state``, ``outer``, ``drift``, ``log_every``,
+    ``csv``);
     ``on_round`` is called on every process after each round's average with its :class:`~stlsgd.dropin.RoundStats`.
     The averager of the current fit is :attr:`averager`."""
 
@@ -134,10 +135,18 @@ class StlsgdCallback(Callback):
         assert self.averager is not None
         rank, world = self.averager.rank, self.averager.world_size
         step = int(state.get("step") or 0)
-        reasons = (["the middle of a round"] if step else []) + (
-            ["optimizer_state='keep': the other ranks' momentum is not in the checkpoint"]
-            if self.averager.optimizer_state == "keep"
-            else []
+        reasons = (
+            (["the middle of a round"] if step else [])
+            + (
+                ["optimizer_state='keep': the other ranks' momentum is not in the checkpoint"]
+                if self.averager.optimizer_state == "keep"
+                else []
+            )
+            + (
+                ["drift=True: the other ranks' control variates are not in the checkpoint"]
+                if self.averager.drift
+                else []
+            )
         )
         if rank == 0 and reasons and max(world, int(state.get("world_size", 1))) > 1:
             print(

@@ -92,7 +92,7 @@ def _margins(W, indptr, indices, data, table, rows, out):  # pragma: no cover
         out[i], out[i + 1], out[i + 2], out[i + 3] = m0, m1, m2, m3
         i += 4
     for j in range(i, rows.shape[0]):
-        out[j] = _dot(W[j], indptr, indices, data, table, rows[i])
+        out[j] = _dot(W[j], indptr, indices, data, table, rows[j])
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
