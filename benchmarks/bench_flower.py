@@ -8,7 +8,7 @@ ray, no network) share ``--train-size`` MNIST training images with label skew: e
 784 pixels (``--hidden H``: a one-hidden-layer MLP), plain SGD, batch ``--batch``; the server evaluates the global
 model on the 10,000 test images after every round (Flower's ``evaluate_fn``). Per method and seed it prints the
 rounds and local steps to reach ``--target`` test accuracy (``-`` when not within ``--max-steps`` local steps) and
-the best accuracy seen:
+the best accuracy seen, and how many honest updates the server's checks rejected (0 expected):
 
 - ``fedavg``: Local SGD at a fixed period ``--k`` and lr ``--lr`` (FedAvg with E local steps);
 - ``stl``: STL-SGD^sc for Non-IID data (Algorithm 2): stage s runs ``2^(s-1) T1`` steps at lr ``lr / 2^(s-1)``
@@ -136,7 +136,9 @@ def main() -> None:
         f"{'softmax regression' if not args.hidden else f'MLP {args.hidden}'}, batch {args.batch}, lr {args.lr}, "
         f"k {args.k}, T1 {args.T1}; target {args.target:.0%} test accuracy within {args.max_steps} local steps"
     )
-    print(f"{'method':<10} {'seed':>4} {'rounds':>6} {'steps':>6} {'best acc':>8} {'final':>6} {'wall s':>6}")
+    print(
+        f"{'method':<10} {'seed':>4} {'rounds':>6} {'steps':>6} {'best acc':>8} {'final':>6} {'rejected':>8} {'wall s':>6}"
+    )
     table: dict[str, list[dict]] = {}
     for method in args.methods:
         for seed in args.seeds:
@@ -144,7 +146,7 @@ def main() -> None:
             table.setdefault(method, []).append(r)
             print(
                 f"{method:<10} {seed:>4} {r['rounds'] if r['rounds'] else '-':>6} {r['steps'] or '-':>6} "
-                f"{r['best']:>8.4f} {r['final']:>6.4f} {r['wall_s']:>6.1f}",
+                f"{r['best']:>8.4f} {r['final']:>6.4f} {r['rejected']:>8} {r['wall_s']:>6.1f}",
                 flush=True,
             )
     if len(args.seeds) > 1:

@@ -214,9 +214,9 @@ def _configured(plan=None, clients: int = 4, **options) -> tuple[StlsgdFedAvg, l
     return strategy, proxies
 
 
-def _res(arrays, n=10, loss=0.5, code=Code.OK, **metrics) -> FitRes:
+def _res(arrays, n=10, loss=0.5, code=Code.OK, message="", **metrics) -> FitRes:
     params = arrays if isinstance(arrays, Parameters) else ndarrays_to_parameters(arrays)
-    return FitRes(Status(code, ""), params, n, {"stlsgd_loss": loss, **metrics})
+    return FitRes(Status(code, message), params, n, {"stlsgd_loss": loss, **metrics})
 
 
 def _honest(value: float) -> list[np.ndarray]:
@@ -251,7 +251,10 @@ def _bad_updates() -> dict[str, tuple[FitRes, str]]:
         "loss 1e308": (_res(_honest(1.0), loss=1e308), "got 1e+308"),
         "loss text": (_res(_honest(1.0), loss="low"), "got 'low'"),
         "loss 10^400": (_res(_honest(1.0), loss=10**400), "stlsgd_loss must be a finite number within 1e100"),
-        "failed status": (_res(_honest(1.0), code=Code.FIT_NOT_IMPLEMENTED), "status FIT_NOT_IMPLEMENTED"),
+        "failed status": (
+            _res(_honest(1.0), code=Code.FIT_NOT_IMPLEMENTED, message="no\nfit " + "x" * 500),
+            "status FIT_NOT_IMPLEMENTED: no fit xxx",  # the client's text on one bounded line
+        ),
     }
 
 
@@ -267,6 +270,7 @@ def test_a_malformed_update_is_rejected_and_reported_and_the_rest_averaged(kind,
         np.testing.assert_array_equal(got, np.full(got.shape, 1.5, np.float32))  # the three honest ones only
     assert metrics["stlsgd_rejected"] == 1
     assert metrics["stlsgd_rejections"].startswith("client 3: ") and reason in metrics["stlsgd_rejections"]
+    assert "\n" not in metrics["stlsgd_rejections"] and len(metrics["stlsgd_rejections"]) < 250
     assert [(r.cid, r.server_round) for r in strategy.rejected] == [("3", 1)]
     assert any("client 3: " in m and reason in m for m in caplog.messages)
     assert strategy.averages == 1 and strategy.cursor.index == 1  # the round counted once

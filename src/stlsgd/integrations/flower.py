@@ -35,10 +35,11 @@ Each Flower round is one round of the plan: ``configure_fit`` settles it with th
 ==================== =====================================================================================
 
 ``aggregate_fit`` checks every client's update (:meth:`StlsgdFedAvg.check_update`: a federated server trusts no
-client), averages the valid ones as FedAvg does (weighted by the clients' example counts, each capped at the round's
-median count: equal here when the clients share the batch size), with drift correction takes SCAFFOLD's server step
-c <- c + (1/N) sum_i (c_i^+ - c_i), and then advances the plan; the clients' ``stlsgd_loss`` (the loss of the received global
-model on each client's first batch) is fed back to adaptive plans (AdaComm). Parameters travel as
+client; a rejected update is logged on the ``stlsgd`` logger and counted in the round's metrics), averages the
+valid ones as FedAvg does (weighted by the clients' example counts, each capped at the round's median count: equal
+here when the clients share the batch size), with drift correction takes SCAFFOLD's server step
+c <- c + (1/N) sum_i (c_i^+ - c_i), and then finishes the round with the driver; the clients' ``stlsgd_loss`` (the
+loss of the received global model on each client's first batch) is fed back to adaptive plans (AdaComm). Parameters travel as
 :func:`get_weights` gives them -- the floating entries of the model's ``state_dict``, BatchNorm statistics
 included -- so FedAvg averages the buffers with the weights.
 
@@ -207,21 +208,30 @@ class _Update:
     weight: float = 0.0
 
 
-class _Rejected(Exception):
-    pass
+class RejectedUpdate(Exception):
+    """Why :meth:`StlsgdFedAvg.check_update` will not average a client's update (one line)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(_one_line(reason))
+
+
+def _one_line(text: object, limit: int = 200) -> str:
+    """Text a client chose (a status message, a value's repr) as one bounded line for logs and metrics."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def _check_arrays(what: str, arrays: list[np.ndarray], like: list[np.ndarray]) -> None:
-    """Raise :class:`_Rejected` unless ``arrays`` match ``like`` in number, shape and dtype, and are finite."""
+    """Raise :class:`RejectedUpdate` unless ``arrays`` match ``like`` in number, shape and dtype, and are finite."""
     if len(arrays) != len(like):
-        raise _Rejected(f"{what}: {len(arrays)} arrays, the global model has {len(like)}")
+        raise RejectedUpdate(f"{what}: {len(arrays)} arrays, the global model has {len(like)}")
     for i, (a, b) in enumerate(zip(arrays, like)):
         if a.shape != b.shape or a.dtype != b.dtype:
-            raise _Rejected(
+            raise RejectedUpdate(
                 f"{what}: array {i} is {a.dtype}{list(a.shape)}, the global model's is {b.dtype}{list(b.shape)}"
             )
         if not np.all(np.isfinite(a)):
-            raise _Rejected(f"{what}: array {i} holds NaN or infinite values")
+            raise RejectedUpdate(f"{what}: array {i} holds NaN or infinite values")
 
 
 def _distance(arrays: list[np.ndarray], reference: list[np.ndarray] | None) -> float:
@@ -353,38 +363,38 @@ class StlsgdFedAvg(FedAvg):
     # ----------------------------------------------------------------- untrusted clients
 
     def check_update(self, cid: str, res: FitRes) -> _Update:
-        """One client's update, or :class:`_Rejected` saying why it cannot be averaged: a failed status, a
+        """One client's update, or :class:`RejectedUpdate` saying why it cannot be averaged: a failed status, a
         ``num_examples`` that is not an integer in [1, 2^53], arrays that are unreadable, of another number,
         shape or dtype than the global model sent, or not finite, a ``stlsgd_loss`` that is not a finite
         number within 1e100, and with drift correction a missing or malformed control-variate update."""
         if self.weights is None:
-            raise _Rejected("no round was configured")
+            raise RejectedUpdate("no round was configured")
         if res.status.code != Code.OK:
-            raise _Rejected(f"status {res.status.code.name}: {res.status.message}")
+            raise RejectedUpdate(f"status {res.status.code.name}: {res.status.message}")
         n = res.num_examples
         if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 1 <= n <= MAX_EXAMPLES):
-            raise _Rejected(f"num_examples must be an integer from 1 to 2^53, got {n!r}")
+            raise RejectedUpdate(f"num_examples must be an integer from 1 to 2^53, got {n!r}")
         try:
             arrays = parameters_to_ndarrays(res.parameters)
         except Exception as exc:  # noqa: BLE001 - anything a client sends that NumPy cannot read
-            raise _Rejected(f"unreadable parameters ({brief(exc, 80)})") from None
+            raise RejectedUpdate(f"unreadable parameters ({brief(exc, 80)})") from None
         _check_arrays("parameters", arrays, self.weights)
         metrics = dict(res.metrics or {})
         if PREFIX + "loss" in metrics:
             loss = metrics[PREFIX + "loss"]
             if (x := _finite(loss)) is None or abs(x) > MAX_LOSS:
-                raise _Rejected(f"stlsgd_loss must be a finite number within 1e100, got {loss!r}")
+                raise RejectedUpdate(f"stlsgd_loss must be a finite number within 1e100, got {loss!r}")
         delta = None
         if self.drift:
             data = metrics.pop(PREFIX + "control_delta", None)
             if not isinstance(data, bytes):
-                raise _Rejected("no stlsgd_control_delta (drift correction is on: use StlsgdClient or return it)")
+                raise RejectedUpdate("no stlsgd_control_delta (drift correction is on: use StlsgdClient or return it)")
             try:
                 delta = unpack(data)
             except Exception as exc:  # noqa: BLE001
-                raise _Rejected(f"unreadable stlsgd_control_delta ({brief(exc, 80)})") from None
+                raise RejectedUpdate(f"unreadable stlsgd_control_delta ({brief(exc, 80)})") from None
             _check_arrays("stlsgd_control_delta", delta, self.weights)
-        return _Update(str(cid), arrays, int(n), metrics, delta)
+        return _Update(_one_line(cid, 40), arrays, int(n), metrics, delta)
 
     def _outliers(self, updates: list[_Update], server_round: int) -> list[Rejection]:
         """Updates too far from the round's median (robust only with 3 or more: a median of 2 is their mean)."""
@@ -427,8 +437,8 @@ class StlsgdFedAvg(FedAvg):
         for proxy, res in sorted(results, key=lambda pair: _cid_order(pair[0].cid)):  # a fixed summation order
             try:
                 updates.append(self.check_update(proxy.cid, res))
-            except _Rejected as why:
-                rejected.append(Rejection(server_round, str(proxy.cid), str(why)))
+            except RejectedUpdate as why:
+                rejected.append(Rejection(server_round, _one_line(proxy.cid, 40), str(why)))
         outliers = self._outliers(updates, server_round)
         rejected += outliers
         updates = [u for u in updates if all(r.cid != u.cid for r in outliers)]
@@ -835,6 +845,8 @@ def run_in_process(strategy: FedAvg, clients: Sequence[Client | NumPyClient], nu
 
 __all__ = [
     "InProcessClientProxy",
+    "Rejection",
+    "RejectedUpdate",
     "StlsgdClient",
     "StlsgdFedAvg",
     "get_weights",
