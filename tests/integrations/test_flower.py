@@ -197,20 +197,14 @@ GLOBAL = [np.zeros((2, 3), np.float32), np.zeros(3, np.float32)]
 
 def _configured(plan=None, clients: int = 4, **options) -> tuple[StlsgdFedAvg, list[InProcessClientProxy]]:
     """A strategy that has configured round 1 of ``plan`` (Local SGD, k = 2) for ``clients`` clients."""
-    strategy = StlsgdFedAvg(
-        plan or LocalSGD(lr=0.1, k=2),
-        initial_parameters=ndarrays_to_parameters(GLOBAL),
-        min_fit_clients=clients,
-        min_available_clients=clients,
-        fraction_evaluate=0.0,
-        **options,
-    )
+    options = {"min_fit_clients": clients, "min_available_clients": clients, "fraction_evaluate": 0.0, **options}
+    strategy = StlsgdFedAvg(plan or LocalSGD(lr=0.1, k=2), initial_parameters=ndarrays_to_parameters(GLOBAL), **options)
     manager = SimpleClientManager()
     proxies = [InProcessClientProxy(str(i), _Idle()) for i in range(clients)]
     for p in proxies:
         manager.register(p)
     pairs = strategy.configure_fit(1, ndarrays_to_parameters(GLOBAL), manager)
-    assert len(pairs) == clients
+    assert len(pairs) == options["min_fit_clients"]
     return strategy, proxies
 
 
@@ -566,3 +560,44 @@ def test_a_server_state_is_checked_when_loaded() -> None:
     again = StlsgdFedAvg(LocalSGD(lr=0.1, k=2))
     again.load_state_dict(saved)
     assert again.cursor == strategy.cursor and again.averages == 1
+
+
+def test_scaffold_server_step_counts_every_available_client() -> None:
+    # SCAFFOLD's server step c <- c + (1/N) sum over the round's clients of (c_i^+ - c_i), N the clients available:
+    # two of four clients answer (fraction_fit 0.5), with updates of c_i 4 and 8 -> c = 0 + (4 + 8) / 4 = 3.
+    strategy, proxies = _configured(drift=True, fraction_fit=0.5, min_fit_clients=2)
+    assert len(strategy.control) == 2 and all(not c.any() for c in strategy.control)
+    results = [
+        (proxies[i], _res(HONEST[i], stlsgd_control_delta=pack([np.full(a.shape, d, a.dtype) for a in GLOBAL])))
+        for i, d in ((0, 4.0), (1, 8.0))
+    ]
+    parameters, metrics = strategy.aggregate_fit(1, results, [])
+    assert parameters is not None and metrics["stlsgd_rejected"] == 0
+    for c in strategy.control:
+        np.testing.assert_array_equal(c, np.full(c.shape, 3.0, np.float32))
+    # a client without its control-variate update is rejected, not averaged
+    assert unpack(strategy.round_config(parameters)["stlsgd_control"])[0][0, 0] == 3.0  # c goes out with round 2
+    _, metrics = strategy.aggregate_fit(2, [(proxies[2], _res(HONEST[2]))], [])
+    assert "client 2: no stlsgd_control_delta" in metrics["stlsgd_rejections"]
+
+
+def test_drift_correction_leaves_batchnorm_statistics_without_a_control_variate() -> None:
+    torch.manual_seed(0)
+    strategy = StlsgdFedAvg(
+        LocalSGD(lr=0.1, k=2),
+        max_iterations=6,
+        drift=True,
+        initial_parameters=ndarrays_to_parameters(get_weights(_net())),
+        fraction_evaluate=0.0,
+        min_fit_clients=2,
+        min_available_clients=2,
+    )
+    clients = [RecordingClient(1), RecordingClient(2)]
+    run_in_process(strategy, clients)
+    assert strategy.averages == 3 and strategy.rejected == []
+    keys = [k for k, v in clients[0].model.state_dict().items() if v.is_floating_point()]
+    for k, c, mine in zip(keys, strategy.control, clients[0].control):
+        if "running" in k:  # a buffer: no gradient, no control variate
+            assert not c.any() and not mine.any()
+        else:
+            assert np.abs(c).max() > 0 and np.abs(mine).max() > 0
