@@ -1,6 +1,7 @@
 """The drop-in in a practitioner's loop: synchronisations, bytes, wall time and test accuracy, in one run.
 
     .venv/bin/python benchmarks/bench_dropin.py --data-dir ../shared/data [--seeds 0 1 2] [--tables main gamma state]
+    .venv/bin/python benchmarks/bench_dropin.py --data-dir ../shared/data --tables noniid [--steps 700 --train 12000]
 
 Each row launches ``benchmarks/dropin_mnist.py`` (an MLP on 12,000 MNIST images, SGD momentum 0.9 and weight decay
 5e-4, StepLR(200, 0.5), DistributedSampler, 700 steps of batch 32) under ``torchrun --nproc_per_node=2`` (gloo)
@@ -14,7 +15,10 @@ once per seed and prints the mean over the seeds:
 - ``gamma``: STL stages with the proximal gamma in {none, 1e4, 1e2, 10}, k1 in {2, 4}, T1 in {100, 200};
 - ``state``: the optimizer-state policy (average, keep, reset) for a fixed period 4 and LR-coupled STL;
 - ``outer``: plain averaging against outer Nesterov steps (lr, momentum) for the same two: (1.0, 0), which is
-  plain averaging again (a check), DiLoCo's (0.7, 0.9) and a milder (0.7, 0.5).
+  plain averaging again (a check), DiLoCo's (0.7, 0.9) and a milder (0.7, 0.5);
+- ``noniid``: label skew, each of the 2 processes holding a disjoint set of classes (digits 0-4 and 5-9), SGD
+  momentum with a linear warm-up (50 steps from 0.1 lr) then cosine: DDP, PeriodicModelAverager (period 4 and
+  16), STL stages and LR-coupled STL, each with and without drift correction (``drift=True``).
 
 Synchronisations are rounds of communication (DDP: one per step, its gradient buckets together); bytes are what
 each process contributed to the all-reduces. Wall times are of the 700 steps, on whatever else runs here.
@@ -75,7 +79,20 @@ OUTER = [
         ("outer step 0.7, 0.5", ["--outer", "0.7,0.5"]),
     )
 ]
-TABLES = {"main": MAIN, "gamma": GAMMA, "state": STATE, "outer": OUTER}
+SKEW = ["--partition", "classes", "--lr-schedule", "warmcos"]
+NONIID = [
+    (label, [*args, *SKEW])
+    for label, args in (
+        ("DDP", ["--mode", "ddp"]),
+        ("PeriodicModelAverager, period 4", ["--mode", "pma", "--k", "4"]),
+        ("PeriodicModelAverager, period 16", ["--mode", "pma", "--k", "16"]),
+        ("stlsgd STL stages, T1 100, k1 2", ["--schedule", "stl", "--k", "2", "--T1", "100"]),
+        ("stlsgd STL stages, T1 100, k1 2, drift", ["--schedule", "stl", "--k", "2", "--T1", "100", "--drift"]),
+        ("stlsgd LR-coupled STL, k1 4", ["--schedule", "lrc", "--k", "4"]),
+        ("stlsgd LR-coupled STL, k1 4, drift", ["--schedule", "lrc", "--k", "4", "--drift"]),
+    )
+]
+TABLES = {"main": MAIN, "gamma": GAMMA, "state": STATE, "outer": OUTER, "noniid": NONIID}
 
 
 def _port() -> int:
@@ -87,7 +104,7 @@ def _port() -> int:
 ABORTS: list[str] = []
 
 
-def launch(args: list[str], seed: int, data_dir: str | None, tries: int = 3) -> dict:
+def launch(args: list[str], seed: int, data_dir: str | None, tries: int = 3, extra: list[str] | None = None) -> dict:
     """One run's result line. A run whose rank aborts while its interpreter exits (SIGABRT, "terminate called
     without an active exception", seen about once in 50 runs on this loaded 2-core machine, after the result was
     printed) is run again, up to ``tries`` times, and counted in ABORTS; any other failure stops the benchmark."""
@@ -101,6 +118,7 @@ def launch(args: list[str], seed: int, data_dir: str | None, tries: int = 3) -> 
         str(seed),
         *(["--data-dir", data_dir] if data_dir else []),
         *args,
+        *(extra or []),
     ]
     if "--mode" not in args:
         cmd += ["--mode", "stlsgd"]
@@ -117,18 +135,20 @@ def launch(args: list[str], seed: int, data_dir: str | None, tries: int = 3) -> 
     if "terminate called without an active exception" in result.stderr and tries > 1:
         ABORTS.append(" ".join(cmd))
         print(f"(a rank aborted at exit; running it again) {' '.join(cmd)}", file=sys.stderr, flush=True)
-        return launch(args, seed, data_dir, tries - 1)
+        return launch(args, seed, data_dir, tries - 1, extra)
     if result.returncode or not lines:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{result.stderr[-3000:]}")
     return json.loads(lines[-1])
 
 
-def table(rows: list[tuple[str, list[str]]], seeds: list[int], data_dir: str | None) -> dict[str, dict]:
+def table(
+    rows: list[tuple[str, list[str]]], seeds: list[int], data_dir: str | None, extra: list[str] | None = None
+) -> dict[str, dict]:
     print(f"| run | syncs | all-reduce calls | MiB sent | wall s | test accuracy (mean over seeds {seeds}) |")
     print("|---|---|---|---|---|---|")
     out = {}
     for label, args in rows:
-        runs = [launch(args, seed, data_dir) for seed in seeds]
+        runs = [launch(args, seed, data_dir, extra=extra) for seed in seeds]
         acc = [r["accuracy"] for r in runs]
         mean = {k: statistics.mean(r[k] for r in runs) for k in ("syncs", "allreduces", "mbytes", "wall_s")}
         out[label] = {**mean, "accuracy": statistics.mean(acc), "accuracies": acc}
@@ -144,11 +164,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--tables", nargs="+", choices=tuple(TABLES), default=list(TABLES))
+    parser.add_argument("--tables", nargs="+", choices=tuple(TABLES), default=[t for t in TABLES if t != "noniid"])
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the loop's 700)")
+    parser.add_argument("--train", type=int, default=None, help="training images (default: the loop's 12,000)")
     args = parser.parse_args()
+    extra = [
+        *(["--steps", str(args.steps)] if args.steps else []),
+        *(["--train", str(args.train)] if args.train else []),
+    ]
     for name in args.tables:
         print(f"\n## {name}\n")
-        result = table(TABLES[name], args.seeds, args.data_dir)
+        result = table(TABLES[name], args.seeds, args.data_dir, extra)
+        if name == "noniid":
+            ddp = result["DDP"]
+            for label, r in result.items():
+                if label != "DDP":
+                    print(
+                        f"{label}: {100 * (r['accuracy'] - ddp['accuracy']):+.2f} points against DDP at "
+                        f"{r['syncs'] / ddp['syncs']:.3f} of its syncs"
+                    )
         if name == "main":
             ddp, pma = result["DDP"], result["PeriodicModelAverager, period 4"]
             best = max(

@@ -10,7 +10,10 @@ weight decay 5e-4, a ``StepLR(200, 0.5)`` (or ``--lr-schedule cosine``), a DataL
 (:class:`stlsgd.dropin.PlanAverager` with ``--schedule``: ``fixed`` (period ``--k``), ``stl`` (the paper's
 stages: T1 ``--T1`` steps, k doubling), ``lrc`` (LR-coupled: k = k1 eta_1 / eta), ``qsr``, ``postlocal``
 (stlsgd's post-local SGD plan), with ``--gamma`` for STL-SGD^nc's proximal term, ``--outer`` for DiLoCo's outer
-Nesterov step, ``--optimizer-state``).
+Nesterov step, ``--optimizer-state``, ``--drift`` for drift correction (SCAFFOLD's control variates)).
+``--partition classes`` gives each process a disjoint set of classes (label skew: 2 processes hold digits 0-4
+and 5-9), each shuffling its own share; ``--lr-schedule warmcos`` is a linear warm-up from 0.1 lr over
+``--warmup`` steps, then cosine to 0.
 
 Rank 0 prints one JSON line: all-reduces over the whole group and their bytes (counted at the Python
 collective calls and a counting DDP comm hook), wall time, test accuracy, and whether the processes' models
@@ -27,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Subset, TensorDataset
 
 # allreduce: collective calls; syncs: rounds of communication (DDP all-reduces its gradients in buckets, several
 # calls a step); bytes: what each process contributed.
@@ -121,7 +124,10 @@ def main() -> None:
     p.add_argument("--optimizer-state", choices=("average", "keep", "reset"), default="keep")
     p.add_argument("--outer", default=None, help="DiLoCo outer step LR,MOMENTUM (e.g. 0.7,0.9)")
     p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--lr-schedule", choices=("step", "cosine"), default="step")
+    p.add_argument("--lr-schedule", choices=("step", "cosine", "warmcos"), default="step")
+    p.add_argument("--warmup", type=int, default=50, help="warmcos: linear warm-up steps")
+    p.add_argument("--partition", choices=("iid", "classes"), default="iid")
+    p.add_argument("--drift", action="store_true", help="stlsgd: drift correction (control variates)")
     p.add_argument("--steps", type=int, default=700)
     p.add_argument("--train", type=int, default=12000)
     p.add_argument("--seed", type=int, default=0)
@@ -182,22 +188,26 @@ def main() -> None:
             plan_for(args),
             plan_lr=args.plan_lr,
             optimizer_state=args.optimizer_state,
+            drift=args.drift,
             **({"outer": outer} if outer else {}),
         )
     inner = optimizer.optim if args.mode == "postlocal" else optimizer
-    scheduler = (
-        torch.optim.lr_scheduler.StepLR(inner, 200, 0.5)
-        if args.lr_schedule == "step"
-        else torch.optim.lr_scheduler.CosineAnnealingLR(inner, args.steps)
-    )
-    sampler = DistributedSampler(train, seed=args.seed)
+    scheduler = make_scheduler(inner, args)
+    sampler: DistributedSampler | RandomSampler
+    if args.partition == "classes":  # label skew: this process's classes only, shuffled by its own generator
+        mine = torch.tensor_split(torch.arange(10), world)[rank]
+        train = Subset(train, torch.nonzero(torch.isin(train.tensors[1], mine)).flatten().tolist())
+        sampler = RandomSampler(train, generator=torch.Generator().manual_seed(1000 * args.seed + rank))
+    else:
+        sampler = DistributedSampler(train, seed=args.seed)
     loader = DataLoader(train, batch_size=32, sampler=sampler, drop_last=True)
 
     started = time.perf_counter()
     step, epoch = 0, 0
     net.train()
     while step < args.steps:
-        sampler.set_epoch(epoch)
+        if isinstance(sampler, DistributedSampler):
+            sampler.set_epoch(epoch)
         for x, y in loader:
             loss = F.cross_entropy(net(x), y)
             optimizer.zero_grad()
@@ -236,6 +246,8 @@ def main() -> None:
                     "plan_lr": args.plan_lr,
                     "optimizer_state": args.optimizer_state,
                     "outer": args.outer,
+                    "drift": args.drift,
+                    "partition": args.partition,
                     "world": world,
                     "steps": args.steps,
                     "syncs": COUNT["syncs"],
@@ -250,6 +262,18 @@ def main() -> None:
             flush=True,
         )
     dist.destroy_process_group()
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> torch.optim.lr_scheduler.LRScheduler:
+    lr = torch.optim.lr_scheduler
+    if args.lr_schedule == "step":
+        return lr.StepLR(optimizer, 200, 0.5)
+    if args.lr_schedule == "cosine":
+        return lr.CosineAnnealingLR(optimizer, args.steps)
+    warm = lr.LinearLR(optimizer, start_factor=0.1, total_iters=args.warmup)
+    return lr.SequentialLR(
+        optimizer, [warm, lr.CosineAnnealingLR(optimizer, args.steps - args.warmup)], milestones=[args.warmup]
+    )
 
 
 def _spread(x: torch.Tensor) -> torch.Tensor:
