@@ -15,8 +15,8 @@ recorded with its error and the others still run; the exit status is 1 when any 
    timed call, median of the repeats. Also checks that one step of both gives the same update. Goal on GPU:
    vmap / loop >= 2x (reported under ``goals``; a missed goal does not fail the step).
 2. ``stage_run``: stage 1 (T_1 iterations) of the first STL-SGD row of
-   ``configs/paper/table3_resnet18_iid.toml`` (base + the row's first grid setting + its fixed fields, built
-   with tomllib as ``stlsgd sweep`` builds it), run through ``python -m stlsgd run`` and capped at
+   ``configs/paper/table3_resnet18_iid.toml`` (base + the row's first grid setting + its fixed fields, resolved
+   by :func:`stlsgd.experiments.sweeps.load_sweep` as ``stlsgd sweep`` resolves it; T_1 by the plan's own rule), run through ``python -m stlsgd run`` and capped at
    ``--stage-iterations`` iterations and ``--stage-timeout`` seconds. Data: the real CIFAR-10 when the data dir
    holds it; ``cifar10-png200`` when it fits the run's needs (at least one iteration of distinct images and,
    on GPU, the 50,000 images the budgets and T_1 are counted in); otherwise synthetic CIFAR-shaped images
@@ -42,22 +42,22 @@ import argparse
 import copy
 import datetime
 import importlib.util
-import itertools
 import json
 import math
 import os
 import pickle
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import tomllib
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the library is imported by the steps that use it, so step 0 runs even when it cannot be
+    from stlsgd.experiments.sweeps import RunSpec, Sweep
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SWEEP = REPO / "configs" / "paper" / "table3_resnet18_iid.toml"
@@ -104,7 +104,7 @@ SIZES: dict[str, dict[str, Any]] = {
             "problem.device": "cpu",
             "run.eval_every_iterations": 2,
         },
-        "dist_iterations": 40_000,
+        "dist_iterations": 12_000,
         "dist_timeout": 120,
         "synthetic_images": 200,
         "deadline": 300,
@@ -157,12 +157,6 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_cmd(cmd: list[Any], *, timeout: float, env: dict[str, str], log: Path) -> dict[str, Any]:
@@ -220,24 +214,6 @@ def write_json(path: Path, obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
     os.replace(tmp, path)
-
-
-def set_path(raw: dict[str, Any], key: str, value: Any) -> None:
-    """The sweep file's key convention: bare keys are algorithm fields, dotted keys name any field."""
-    parts = key.split(".") if "." in key else ["algorithm", key]
-    node = raw
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = copy.deepcopy(value)
-
-
-def get_path(raw: dict[str, Any], key: str, default: Any = None) -> Any:
-    node: Any = raw
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
 
 
 def toml_literal(value: Any) -> str:
@@ -443,12 +419,7 @@ def bench_model(name: str, size: dict[str, Any], device: Any) -> dict[str, Any]:
         res[f"{label}_images_per_s"] = images / statistics.median(times[label])
         res[f"{label}_images_per_s_best"] = images / min(times[label])
     res["ratio_vmap_over_loop"] = res["vmap_images_per_s"] / res["loop_images_per_s"]
-    del problem, state, models
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.empty_cache()
-    return res
+    return res  # the models and the problem go with this frame; the caller empties the CUDA cache
 
 
 def step_vmap_vs_loop(ctx: dict[str, Any]) -> dict[str, Any]:
@@ -465,6 +436,8 @@ def step_vmap_vs_loop(ctx: dict[str, Any]) -> dict[str, Any]:
     for name, size in ctx["sizes"]["bench"].items():
         try:
             r = bench_model(name, size, device)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         except Exception as exc:  # noqa: BLE001 - recorded, the other model still runs
             errors.append(f"{name}: {type(exc).__name__}: {exc}")
             out["models"][name] = {"error": traceback.format_exc()[-3000:]}
@@ -487,40 +460,27 @@ def step_vmap_vs_loop(ctx: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------- step 2
 
 
-def stl_row_config(sweep: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(resolved config, the row, the first grid setting) of the sweep's first STL-SGD row."""
-    rows = [m for m in sweep.get("methods", []) if m.get("method") in ("stl_nc", "stl_sc")]
-    if not rows:
-        raise ValueError("the sweep file has no stl_nc/stl_sc row")
-    row = rows[0]
-    settings = {k: v[0] for k, v in row.get("grid", {}).items()}
-    return resolve_config(sweep, row, settings), row, settings
+def stl_row(sweep: Sweep) -> RunSpec:
+    """The first grid setting of the sweep's first STL-SGD row, resolved as ``stlsgd sweep`` resolves it."""
+    spec = next((r for r in sweep.grid if r.method in ("stl_nc", "stl_sc")), None)
+    if spec is None:
+        raise ValueError(f"{sweep.source}: the sweep file has no stl_nc/stl_sc row")
+    return spec
 
 
-def resolve_config(sweep: dict[str, Any], row: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-    """What ``stlsgd sweep`` runs for one grid setting: base, then method, fixed fields, then the setting."""
-    config = copy.deepcopy(sweep.get("base", {}))
-    config["name"] = f"{sweep.get('name', 'sweep')}/{row.get('label') or row['method']}"
-    set_path(config, "algorithm.method", row["method"])
-    for key, value in {**row.get("fixed", {}), **settings}.items():
-        set_path(config, key, value)
-    return config
+def first_stage(config: dict[str, Any], n: int) -> int | None:
+    """T_1 of ``config`` on ``n`` images (the plan's own rule: T1, or T1_epochs of n images over N x B)."""
+    from stlsgd.algorithms.registry import PlanContext, first_stage_iterations
 
-
-def first_stage_iterations(config: dict[str, Any], n: int) -> int | None:
-    alg = config.get("algorithm", {})
-    if alg.get("T1") is not None:
-        return int(alg["T1"])
-    if alg.get("T1_epochs") is not None:
-        per_iteration = config["data"].get("num_clients", 32) * alg.get("batch", 1)
-        return max(int(math.ceil(alg["T1_epochs"] * n / per_iteration)), 1)
-    return None
+    alg = config["algorithm"]
+    ctx = PlanContext(num_samples=n, num_clients=int(config["data"]["num_clients"]), lam=None, iid=True)
+    return first_stage_iterations(alg.get("T1"), alg.get("T1_epochs"), int(alg.get("batch", 1)), ctx)
 
 
 def images_at_budget(config: dict[str, Any], n: int) -> tuple[int, int, int]:
     """(images processed by all clients, iterations, evaluations) of one run that goes to its budget."""
     alg, run, N = config.get("algorithm", {}), config.get("run", {}), config["data"].get("num_clients", 32)
-    iters = get_path(config, "run.max_iterations", 5_000_000)
+    iters = run.get("max_iterations")
     if off(iters):
         raise ValueError(f"{config['name']}: no run.max_iterations budget to extrapolate from")
     iters = int(iters)
@@ -547,22 +507,19 @@ def images_at_budget(config: dict[str, Any], n: int) -> tuple[int, int, int]:
     return images, iters, evals
 
 
-def column_budget(sweep: dict[str, Any], n: int) -> dict[str, Any]:
+def column_budget(sweep: Sweep, n: int) -> dict[str, Any]:
     """Epochs (and evaluations) of every grid run and every extra-seed rerun of the column at its budget."""
     per_row = []
-    extra_seeds = max(len(sweep.get("seeds", [0])) - 1, 0)
-    for row in sweep["methods"]:
-        grid = row.get("grid", {})
-        keys = list(grid)
-        runs = [resolve_config(sweep, row, dict(zip(keys, combo))) for combo in itertools.product(*grid.values())]
-        costs = [images_at_budget(cfg, n) for cfg in runs]
+    extra_seeds = max(len(sweep.seeds) - 1, 0)
+    for label in sweep.labels:
+        costs = [images_at_budget(r.config, n) for r in sweep.grid if r.label == label]
         worst = max(costs, key=lambda c: c[0])
         epochs = sum(c[0] for c in costs) / n + extra_seeds * worst[0] / n
         evals = sum(c[2] for c in costs) + extra_seeds * worst[2]
         per_row.append(
             {
-                "label": row.get("label") or row["method"],
-                "grid_runs": len(runs),
+                "label": label,
+                "grid_runs": len(costs),
                 "seed_reruns": extra_seeds,
                 "epochs": epochs,
                 "evaluations": evals,
@@ -690,8 +647,11 @@ def time_evaluation(model: str, shape: tuple[int, ...], images: int, eval_batch:
 def step_stage_run(ctx: dict[str, Any]) -> dict[str, Any]:
     ensure_stlsgd_importable()
     sweep_path: Path = ctx["sweep"]
-    sweep = tomllib.loads(sweep_path.read_text())
-    config, row, settings = stl_row_config(sweep)
+    from stlsgd.experiments.sweeps import load_sweep
+
+    sweep = load_sweep(sweep_path)
+    spec = stl_row(sweep)
+    config, settings = spec.config, spec.settings
     sizes = ctx["sizes"]
     overrides: dict[str, Any] = dict(sizes["stage_overrides"])
     data = choose_stage_data(ctx, config, overrides)
@@ -701,14 +661,14 @@ def step_stage_run(ctx: dict[str, Any]) -> dict[str, Any]:
     B = int(overrides.get("algorithm.batch", config["algorithm"]["batch"]))
     n_run = data["images"]
     n_config = IMAGE_SET_SIZES[config["data"]["dataset"]]
-    T1 = first_stage_iterations(
+    T1 = first_stage(
         {**config, "data": {**config["data"], "num_clients": N}, "algorithm": {**config["algorithm"], "batch": B}},
         n_run,
     )
     cap = min(T1 or sizes["stage_iterations"], sizes["stage_iterations"])
     overrides["run.max_iterations"] = cap
     say(
-        f"  row {row.get('label')!r} ({row['method']}, option {config['algorithm'].get('option', 1)}), first grid "
+        f"  row {spec.label!r} ({spec.method}, option {config['algorithm'].get('option', 1)}), first grid "
         f"setting {settings}; stage 1 = T1 = {T1} iterations on {n_run:,} images, running {cap}"
     )
     say(f"  data: {data['source']} -- {data['why']}")
@@ -730,10 +690,9 @@ def step_stage_run(ctx: dict[str, Any]) -> dict[str, Any]:
     say(f"  $ {res['cmd']}\n  -> rc {res['rc']}{late}, {res['wall_s']:.1f} s")
     result: dict[str, Any] = {
         "sweep": str(sweep_path),
-        "row": row.get("label"),
-        "method": row["method"],
+        "row": spec.label,
+        "method": spec.method,
         "grid_setting": settings,
-        "fixed": row.get("fixed", {}),
         "config": config,
         "overrides": overrides,
         "command": res["cmd"],
@@ -830,7 +789,7 @@ def step_stage_run(ctx: dict[str, Any]) -> dict[str, Any]:
         f"{n_config:,} images: {epoch_s:.2f} s; stage 1 ({T1} iterations): {result['stage1_time_s'] or 0:.1f} s"
     )
     say(
-        f"  Table 3 '{sweep.get('name')}' column: {budget['runs']} runs, {budget['epochs']:,.0f} epochs at the budgets "
+        f"  Table 3 '{sweep.name}' column: {budget['runs']} runs, {budget['epochs']:,.0f} epochs at the budgets "
         f"-> {column_a / 3600:,.1f} h  (= {epoch_s:.2f} s/epoch x {budget['epochs']:,.0f} epochs; upper bound: every "
         "grid run and seed rerun to its budget, no early stop or pruning)"
     )
@@ -901,9 +860,7 @@ def compare_pair(ctx: dict[str, Any], name: str, sets: list[str], data_dir: Path
             "-m",
             "torch.distributed.run",
             f"--nproc_per_node={nproc}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            "--rdzv-id=gpu_check",
+            "--standalone",  # one node: torchrun's own rendezvous on a free local port
             "-m",
             "stlsgd",
             "run",

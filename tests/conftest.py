@@ -1,8 +1,18 @@
-"""Shared fixtures."""
+"""Shared fixtures, and the ``launch`` mark for the test modules of other owners that start ranks."""
 
 from pathlib import Path
 
 import pytest
+
+# Modules that launch torchrun ranks or a framework's own ranks; the modules of tests/distributed/,
+# tests/reliability/test_sweep_kill.py and tests/benchmarks/ carry the mark themselves (pytestmark).
+LAUNCHING = {"test_dropin.py", "test_lightning.py", "test_accelerate.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in LAUNCHING:
+            item.add_marker(pytest.mark.launch)
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,10 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.launch
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"

@@ -1,8 +1,16 @@
-"""Fixtures of the distributed tests: a private f* cache (launched ranks inherit it through the environment)."""
+"""Fixtures of the distributed tests: a private f* cache (launched ranks inherit it through the environment), and
+the shared torchrun launches (one per world size) whose runs the tests compare with the simulator."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
+from dist_jobs import JOBS, config_of, sets_of
+from launch import REPO, TORCHRUN, free_port, launch_env
 
 
 @pytest.fixture(autouse=True)
@@ -10,3 +18,46 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("STLSGD_CACHE", str(tmp_path_factory.getbasetemp() / "stlsgd-cache"))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture(scope="session")
+def dist_runs(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Callable[[int, str], Path]:
+    """``dist_runs(world, job)``: the directory of ``job`` (dist_jobs.JOBS) after the launch of ``world`` ranks,
+    which runs every job of that world size once per session, on the first request."""
+    launched: dict[int, tuple[Path, subprocess.CompletedProcess]] = {}
+    cache = tmp_path_factory.getbasetemp() / "stlsgd-cache"
+
+    def get(world: int, name: str) -> Path:
+        if world not in launched:
+            root = tmp_path_factory.mktemp(f"dist{world}")
+            jobs = [
+                {
+                    "name": job.name,
+                    "mode": job.mode,
+                    "config": str(config_of(job, root / "configs")),
+                    "out": str(root / job.name),
+                    "sets": sets_of(job, shared_data),
+                }
+                for job in JOBS[world]
+            ]
+            (root / "jobs.json").write_text(json.dumps(jobs, indent=1))
+            cmd = [
+                TORCHRUN,
+                f"--nproc_per_node={world}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                str(REPO / "tests" / "distributed" / "dist_worker.py"),
+                str(root / "jobs.json"),
+            ]
+            result = subprocess.run(
+                cmd, cwd=REPO, env=launch_env(STLSGD_CACHE=str(cache)), capture_output=True, text=True, timeout=600
+            )
+            launched[world] = root, result
+        root, result = launched[world]
+        assert result.returncode == 0, f"{result.args}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+        out = root / name
+        failed = sorted(out.glob("failed_rank*.txt"))
+        assert not failed, "\n".join(f"{f.name}:\n{f.read_text()[-3000:]}" for f in failed)
+        return out
+
+    return get

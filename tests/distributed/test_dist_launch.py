@@ -1,105 +1,58 @@
 """The torch.distributed executor under real launches (gloo, loopback only), checked against the simulator.
 
-- 4 ranks from one ``torchrun``: three configs (uneven clients per rank, STL-SGD^nc's proximal term, a
-  target reached mid-stage, Local SGD with mini-batches, lr decay and an iteration-based evaluation
-  schedule) end with the simulator's round counts, metrics and parameters;
-- a rank SIGKILLed mid-run makes the others exit non-zero with a clear message (not hang), and the run
-  resumes from rank 0's checkpoint on two ``torchrun`` "nodes" rendezvousing over 127.0.0.1 -- a different
-  number of ranks -- and ends where the uninterrupted simulator run ends;
+- 4 ranks from one ``torchrun`` (the session's shared launch, tests/distributed/dist_jobs.py): three configs
+  (uneven clients per rank, STL-SGD^nc's proximal term, a target reached mid-stage, Local SGD with
+  mini-batches, lr decay and an iteration-based evaluation schedule) end with the simulator's round counts,
+  metrics and parameters;
+- a rank SIGKILLed mid-run (by $STLSGD_FAULT after a chosen round: no polling, and the run cannot finish
+  first) makes the others exit non-zero with a clear message (not hang), and the run resumes from rank 0's
+  checkpoint on two ``torchrun`` "nodes" rendezvousing over 127.0.0.1 -- a different number of ranks -- and
+  ends where the uninterrupted simulator run ends;
 - the drop-in example trains under ``torchrun --nproc_per_node=2`` and ends with identical models.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from dist_helpers import PYTHON, REPO, TORCHRUN, free_port, launch_env
+from dist_jobs import write_config
 
 from stlsgd.experiments.config import load_config
 from stlsgd.experiments.runner import run_experiment
 
-CONFIGS = {
-    # 6 clients on 4 ranks (2, 2, 1, 1); Algorithm 3 with its anchor reset every stage; a budget stop.
-    "nc_uneven": """
-        name = "nc_uneven"
-        [data]
-        dataset = "digits49"
-        num_clients = 6
-        [algorithm]
-        method = "stl_nc"
-        lr = 0.5
-        k = 2
-        T1 = 40
-        gamma = 5.0
-        [run]
-        seed = 3
-        target_gap = 1e-3
-        max_rounds = 60
-    """,
-    # Algorithm 2 reaching its target: both executors must stop after the same round.
-    "sc_target": """
-        name = "sc_target"
-        [data]
-        dataset = "digits49"
-        num_clients = 8
-        [algorithm]
-        method = "stl_sc"
-        lr = 0.8
-        k = 4
-        [run]
-        seed = 1
-        target_gap = 1e-3
-        max_rounds = 400
-    """,
-    # Local SGD on a Non-IID split with mini-batches, lr decay and evaluations every 4 rounds or 50 steps.
-    "local_noniid": """
-        name = "local_noniid"
-        [data]
-        dataset = "digits49"
-        num_clients = 5
-        partition = "noniid"
-        [algorithm]
-        method = "local_sgd"
-        lr = 0.5
-        lr_decay = 0.01
-        k = 5
-        batch = 4
-        [run]
-        seed = 2
-        target_gap = 1e-6
-        max_iterations = 600
-        eval_every = 4
-        eval_every_iterations = 50
-    """,
-    # Long enough to be killed in the middle: 12 clients, 800 rounds of 20 local steps.
-    "long": """
-        name = "long"
-        [data]
-        dataset = "digits49"
-        num_clients = 12
-        [algorithm]
-        method = "local_sgd"
-        lr = 0.05
-        k = 20
-        batch = 2
-        [run]
-        seed = 4
-        target_gap = 1e-9
-        max_rounds = 800
-        eval_every = 10
-    """,
-}
+pytestmark = pytest.mark.launch
+
+# Killed in the middle: 12 clients, rank 2 of 3 dies after round 60 of 120 (20 local steps each); checkpoints
+# every 50 rounds, so the resume starts from round 50.
+LONG = """
+name = "long"
+[data]
+dataset = "digits49"
+num_clients = 12
+[algorithm]
+method = "local_sgd"
+lr = 0.05
+k = 20
+batch = 2
+[run]
+seed = 4
+target_gap = 1e-9
+max_rounds = 120
+eval_every = 10
+"""
+KILL_RANK_2 = "rank=2,die-after-round=60"
 
 
-def _write_config(tmp_path: Path, name: str) -> Path:
-    path = tmp_path / f"{name}.toml"
-    path.write_text("\n".join(line.strip() for line in CONFIGS[name].splitlines()) + "\n")
+def _long_config(tmp_path: Path) -> Path:
+    path = tmp_path / "long.toml"
+    path.write_text(LONG)
     return path
 
 
@@ -147,29 +100,16 @@ def _run(cmd: list, timeout: float, **kw) -> subprocess.CompletedProcess:
     return result
 
 
-def test_four_torchrun_ranks_match_the_simulator(tmp_path: Path) -> None:
-    names = ["nc_uneven", "sc_target", "local_noniid"]
-    configs = [_write_config(tmp_path, n) for n in names]
-    _run(
-        [
-            TORCHRUN,
-            "--nproc_per_node=4",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            REPO / "tests" / "distributed" / "dist_worker.py",
-            tmp_path / "dist",
-            *configs,
-        ],
-        timeout=240,
-    )
-    for name, config in zip(names, configs):
+def test_four_torchrun_ranks_match_the_simulator(tmp_path: Path, dist_runs) -> None:
+    for name in ("nc_uneven", "sc_target", "local_noniid"):
+        config = write_config(tmp_path, name)
         _simulate(config, tmp_path / "sim" / name)
-        _assert_same_run(tmp_path / "dist" / name, tmp_path / "sim" / name)
-    assert json.loads((tmp_path / "dist" / "sc_target" / "summary.json").read_text())["status"] == "reached"
+        _assert_same_run(dist_runs(4, name), tmp_path / "sim" / name)
+    assert json.loads((dist_runs(4, "sc_target") / "summary.json").read_text())["status"] == "reached"
 
 
 def test_killed_rank_stops_the_others_and_the_run_resumes_on_two_nodes(tmp_path: Path) -> None:
-    config = _write_config(tmp_path, "long")
+    config = _long_config(tmp_path)
     out = tmp_path / "dist"
     port = free_port()
     # Ranks started directly (no torchrun agent to clean up after them): the survivors must notice by themselves.
@@ -200,17 +140,13 @@ def test_killed_rank_stops_the_others_and_the_run_resumes_on_two_nodes(tmp_path:
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(port),
                 STLSGD_DIST_TIMEOUT="20",
+                STLSGD_FAULT=KILL_RANK_2,
             ),
         )
         for r in range(3)
     ]
     try:
-        deadline = time.monotonic() + 120
-        while not (out / "checkpoint").is_file():
-            assert time.monotonic() < deadline, "no checkpoint appeared"
-            assert all(p.poll() is None for p in ranks), [p.communicate() for p in ranks]
-            time.sleep(0.05)
-        ranks[2].send_signal(signal.SIGKILL)
+        assert ranks[2].wait(timeout=240) == -signal.SIGKILL, ranks[2].communicate()
         killed_at = time.monotonic()
         outcomes = [p.communicate(timeout=60) for p in ranks[:2]]
         elapsed = time.monotonic() - killed_at
@@ -221,9 +157,9 @@ def test_killed_rank_stops_the_others_and_the_run_resumes_on_two_nodes(tmp_path:
     assert elapsed < 60
     for rank, (p, (_, err)) in enumerate(zip(ranks, outcomes)):
         assert p.returncode == 2, (rank, p.returncode, err[-2000:])
-        assert f"stlsgd: error: rank {rank} of 3: lost the process group after round" in err, err[-2000:]
+        assert f"stlsgd: error: rank {rank} of 3: lost the process group after round 60 " in err, err[-2000:]
         assert "--resume" in err
-    assert not (out / "summary.json").exists(), "the run finished before the kill; make it longer"
+    assert not (out / "summary.json").exists()
 
     # Resume on two torchrun "nodes" (one rank each) over loopback: 12 clients now split 6 + 6.
     port = free_port()
@@ -296,21 +232,18 @@ def test_dropin_example_trains_under_torchrun(tmp_path: Path, shared_data: Path)
     assert accuracy > 0.5, last  # 10 classes: chance is 0.1
 
 
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as fh:
-        return [int(p) for p in fh.read().split()]
-
-
 def test_under_torchrun_the_survivors_of_a_killed_rank_exit_with_status_2_and_one_line(tmp_path: Path) -> None:
-    config = _write_config(tmp_path, "long")
+    config = _long_config(tmp_path)
     out = tmp_path / "dist"
-    agent = subprocess.Popen(
+    agent = subprocess.run(
         [
             TORCHRUN,
             "--nproc_per_node=3",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            "--monitor-interval=0.1",
+            # The agent looks at its ranks every 3 s: time enough, even on a loaded machine, for the survivors to
+            # reach their next collective and find the peer gone (what this test is about), too little for a hang.
+            "--monitor-interval=3",
             "-m",
             "stlsgd",
             "run",
@@ -321,30 +254,22 @@ def test_under_torchrun_the_survivors_of_a_killed_rank_exit_with_status_2_and_on
             "--out",
             str(out),
             "--checkpoint-every",
-            "50",
+            "2",
         ],
         cwd=REPO,
-        env=launch_env(STLSGD_DIST_TIMEOUT="20"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        # Rank 2 kills itself after round 3, once a checkpoint (round 2) exists.
+        env=launch_env(STLSGD_DIST_TIMEOUT="20", STLSGD_FAULT="rank=2,die-after-round=3"),
+        capture_output=True,
         text=True,
+        timeout=240,
     )
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "checkpoint").is_file():
-            assert time.monotonic() < deadline and agent.poll() is None, "no checkpoint appeared"
-            time.sleep(0.05)
-        workers = _children(agent.pid)
-        assert len(workers) == 3
-        os.kill(workers[2], signal.SIGKILL)
-        _, err = agent.communicate(timeout=90)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
+    err = agent.stderr
     assert agent.returncode != 0
+    assert (out / "checkpoint").is_file() and not (out / "summary.json").exists()
     # Each survivor printed its one line and exited 2 by itself, before the agent's SIGTERM could end it
     # (which would show as exitcode -15, or an abort from the collective library's threads).
     for rank in (0, 1):
         assert f"stlsgd: error: rank {rank} of 3: lost the process group after round" in err, err[-3000:]
     assert "terminate called" not in err and "exitcode  : -15" not in err and "exitcode  : -6" not in err, err[-3000:]
     assert "exitcode  : 2" in err, err[-3000:]
+    assert "exitcode  : -9" in err, err[-3000:]  # rank 2: the SIGKILL

@@ -1,5 +1,8 @@
 """The one run lifecycle under real launches: simulator and torchrun bit for bit after every round, on any
-number of ranks, and a run killed between its final checkpoint and its summary resumed without a step more."""
+number of ranks, and a run killed between its final checkpoint and its summary resumed without a step more.
+
+The torchrun sides of the comparisons come from the session's shared launches (one per world size:
+tests/distributed/dist_jobs.py, run by tests/distributed/dist_worker.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from dist_helpers import REPO, TORCHRUN, free_port, launch_env
+from dist_jobs import A9A, A9A_SET, write_config
 
 from stlsgd.experiments.config import load_config
 from stlsgd.experiments.runner import run_experiment
 
 WORKER = REPO / "tests" / "distributed" / "lifecycle_worker.py"
-A9A = REPO / "configs" / "examples" / "a9a_stl_sc.toml"
-# eta_1 = 32 (ten times the example's), k_1 = 100: T_1 = ceil(n / eta_1) = 1018, so stages of 11 rounds,
-# four stages in 15,000 iterations; with so large an lr a different summation order shows in the first round.
-A9A_SET = ["algorithm.lr=32", "algorithm.k=100", "run.target_gap=none", "run.max_iterations=15000"]
+
+pytestmark = pytest.mark.launch
 
 
 def _torchrun(ranks: int, *args: object, check: bool = True) -> subprocess.CompletedProcess:
@@ -36,7 +38,7 @@ def _torchrun(ranks: int, *args: object, check: bool = True) -> subprocess.Compl
 
 
 def test_simulator_and_1_2_4_ranks_average_to_the_same_bits_after_every_round(
-    tmp_path: Path, shared_data: Path
+    tmp_path: Path, shared_data: Path, dist_runs
 ) -> None:
     sets = [*A9A_SET, f"data.data_dir={shared_data}"]
     exp = load_config(A9A, sets)
@@ -46,9 +48,7 @@ def test_simulator_and_1_2_4_ranks_average_to_the_same_bits_after_every_round(
     )
     assert len(sim_rounds) == 43  # 11 + 11 + 11 rounds of stages 1-3, 10 of stage 4 to pass 15,000
     for ranks in (1, 2, 4):
-        out = tmp_path / f"dist{ranks}"
-        out.mkdir()
-        _torchrun(ranks, WORKER, "trace", out, A9A, *sets)
+        out = dist_runs(ranks, "a9a")
         for rank in range(ranks):
             with np.load(out / f"trace_rank{rank}.npz") as trace:
                 rows = [trace[f"arr_{i}"] for i in range(len(trace.files))]
@@ -63,23 +63,16 @@ def test_simulator_and_1_2_4_ranks_average_to_the_same_bits_after_every_round(
     assert np.abs(w).max() > 0.1
 
 
-def test_drift_correction_and_the_outer_step_under_torchrun_are_the_simulators_bits(tmp_path: Path) -> None:
+def test_drift_correction_and_the_outer_step_under_torchrun_are_the_simulators_bits(tmp_path: Path, dist_runs) -> None:
     # 5 clients on 2 ranks (3 + 2): the control variates are per client, gathered for the checkpoints.
-    config = tmp_path / "c.toml"
-    config.write_text(
-        'name = "d"\n[data]\ndataset = "digits49"\nnum_clients = 5\npartition = "noniid"\n'
-        '[algorithm]\nmethod = "local_sgd"\nlr = 0.5\nlr_decay = 0.02\nk = 4\ndrift = true\n'
-        'outer_lr = 0.7\n[run]\ntarget_gap = "none"\nmax_rounds = 15\n'
-    )
+    config = write_config(tmp_path, "drift")
     sim: list[np.ndarray] = []
 
     def record(st, rnd) -> None:
         sim.extend([st.clients["w"].copy(), st.control["w"].copy()])
 
     run_experiment(load_config(config), tmp_path / "sim", progress=False, checkpoint_every=4, on_round=record)
-    out = tmp_path / "dist"
-    out.mkdir()
-    _torchrun(2, WORKER, "trace", out, config)
+    out = dist_runs(2, "drift")
     for rank, rows in ((0, slice(0, 3)), (1, slice(3, 5))):
         with np.load(out / f"trace_rank{rank}.npz") as trace:
             got = [trace[f"arr_{i}"] for i in range(len(trace.files))]
@@ -96,24 +89,18 @@ def test_drift_correction_and_the_outer_step_under_torchrun_are_the_simulators_b
 
 
 @pytest.mark.parametrize("method", ["adacomm", "qsr"])
-def test_the_new_schedules_under_torchrun_are_the_simulators_bits(tmp_path: Path, method: str) -> None:
+def test_the_new_schedules_under_torchrun_are_the_simulators_bits(tmp_path: Path, method: str, dist_runs) -> None:
     # AdaComm reads the loss rank 0 evaluates (broadcast with the verdict); QSR's period follows its own lr.
-    extra = "k = 8\n" if method == "adacomm" else "alpha = 2.0\nh_base = 2\n"
-    config = tmp_path / "c.toml"
-    config.write_text(
-        f'name = "s"\n[data]\ndataset = "digits49"\nnum_clients = 4\npartition = "noniid"\n'
-        f'[algorithm]\nmethod = "{method}"\nlr = 0.5\nlr_decay = 0.05\n{extra}'
-        '[run]\ntarget_gap = "none"\nmax_rounds = 25\neval_every = 2\n'
-    )
+    config = write_config(tmp_path, method)
     run_experiment(load_config(config), tmp_path / "sim", progress=False)
-    _torchrun(2, "-m", "stlsgd", "run", config, "--out", tmp_path / "dist", "--quiet", "--backend", "dist")
+    dist_out = dist_runs(2, method)
     dist_lines, sim_lines = (
-        _strip_wall(tmp_path / "dist" / "metrics.jsonl"),
+        _strip_wall(dist_out / "metrics.jsonl"),
         _strip_wall(tmp_path / "sim" / "metrics.jsonl"),
     )
     assert dist_lines == sim_lines
     assert len({m["period"] for m in sim_lines}) > 1  # the period did adapt
-    with np.load(tmp_path / "dist" / "final_params.npz") as a, np.load(tmp_path / "sim" / "final_params.npz") as b:
+    with np.load(dist_out / "final_params.npz") as a, np.load(tmp_path / "sim" / "final_params.npz") as b:
         assert np.array_equal(a["w"], b["w"])
 
 

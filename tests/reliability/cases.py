@@ -2,8 +2,8 @@
 
     .venv/bin/python tests/reliability/cases.py [--data-dir ../shared/data] [--only-round-three]
 
-Not a test (the tests of test_findings.py and test_bad_input.py assert each case); this prints the table of the
-closing note. The full-disk cases use a real 96 KiB tmpfs when this process may mount one (root), and say so
+Not a test (the reliability tests -- test_refused_before_any_write.py, test_write_failures.py,
+test_bad_input.py and their neighbours -- assert each case); this prints the table of the closing note. The full-disk cases use a real 96 KiB tmpfs when this process may mount one (root), and say so
 otherwise.
 """
 
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from test_findings import BASE  # this folder's base case: digits 4 vs 9, Local SGD, 50 rounds
+from base_run import BASE  # this folder's base case: digits 4 vs 9, Local SGD, 50 rounds
 from test_round_three import SWEEP  # a small sweep whose two rows reach gap 1e-2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,7 +141,7 @@ def main() -> None:
         finally:
             subprocess.run(["umount", str(mnt)])
     else:
-        rows.append(("4 full disk", "", 0, "not run: no tmpfs could be mounted here (see test_findings.py)"))
+        rows.append(("4 full disk", "", 0, "not run: no tmpfs could be mounted here (see test_write_failures.py)"))
     # 5. a second writer
     proc = subprocess.Popen([*STLSGD, "run", cfg2, "--out", tmp / "busy", "--quiet", "--overwrite"], cwd=tmp)
     while not (tmp / "busy" / "metrics.jsonl").is_file():

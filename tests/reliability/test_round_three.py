@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from base_run import BASE
 from test_bad_input import assert_one_line_error
-from test_findings import BASE
 
 from stlsgd.costmodel import Network as CostNetwork
 from stlsgd.costmodel import parse_network, read_profile, write_profile

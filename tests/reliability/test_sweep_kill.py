@@ -1,21 +1,27 @@
 """Process deaths in a sweep: a sweep killed outright (SIGKILL) leaves no worker computing on, and a killed
-worker costs its runs one retry, not the sweep."""
+worker costs its runs one retry, not the sweep.
+
+The kills come from inside the runs ($STLSGD_FAULT, :mod:`stlsgd.faults`, passed to the workers through the
+sweep's environment) at a chosen round: no polling for the right instant, and no run can finish first.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists(), reason="needs Linux /proc children lists"
-)
+pytestmark = [
+    pytest.mark.launch,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux (child subreaper, pidfd)"),
+]
 
 SWEEP = """
 name = "kill"
@@ -29,6 +35,7 @@ max_iterations = {max_iterations}
 method = "local_sgd"
 grid = {{ lr = {lrs}, k = [1000] }}
 """
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def _children(pid: int) -> set[int]:
@@ -38,57 +45,69 @@ def _children(pid: int) -> set[int]:
     return found
 
 
-def _workers(pid: int) -> set[int]:
-    """The sweep's worker processes: its children but multiprocessing's resource tracker."""
-    return {c for c in _children(pid) if "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_text()}
+def _subreaper(on: bool) -> None:
+    assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
 
 
-def _alive(pid: int) -> bool:
+def _reap(pid: int, timeout: float) -> int:
+    """Wait (no polling: a pidfd) until child ``pid`` ends; its wait status."""
+    fd = os.pidfd_open(pid)
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"process {pid} still runs {timeout} s after the sweep died"
+    finally:
+        os.close(fd)
+    return os.waitpid(pid, 0)[1]
 
 
 def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
     config = tmp_path / "long.toml"
     config.write_text(SWEEP.format(max_iterations=10**9, lrs=[0.01, 0.02]))
-    sweep = subprocess.Popen(
-        [sys.executable, "-m", "stlsgd", "sweep", str(config), "--jobs", "2", "--out", str(tmp_path / "out")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    fired = tmp_path / "fired"
+    # The first worker to finish round 3 SIGKILLs the sweep (its parent) and computes on until the kernel ends it.
+    env = {**os.environ, "STLSGD_FAULT": f"die-after-round=3,once={fired},target=parent"}
+    before = _children(os.getpid())
+    _subreaper(True)  # the sweep's orphans become this process's children: it can wait for them
     try:
-        deadline = time.monotonic() + 120
-        while len(list((tmp_path / "out").glob("runs/*/metrics.jsonl"))) < 2:  # both workers are computing
-            assert sweep.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
-        workers = _workers(sweep.pid)
-        assert len(workers) == 2
+        sweep = subprocess.Popen(
+            [sys.executable, "-m", "stlsgd", "sweep", str(config), "--jobs", "2", "--out", str(tmp_path / "out")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        try:
+            assert sweep.wait(timeout=300) == -signal.SIGKILL
+        finally:
+            if sweep.poll() is None:
+                sweep.kill()
+        orphans = _children(os.getpid()) - before
+        statuses = {pid: _reap(pid, timeout=30) for pid in orphans}
     finally:
-        sweep.send_signal(signal.SIGKILL)
-        sweep.wait()
-    deadline = time.monotonic() + 30
-    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [w for w in workers if _alive(w)]
+        _subreaper(False)
+    assert fired.is_file()
+    # The worker that was computing (and any other that had started its run) was ended by SIGTERM, the death
+    # signal it asked the kernel for; the others (a worker still starting, the resource tracker) ended by
+    # themselves. Either way none is left.
+    terminated = [p for p, s in statuses.items() if os.WIFSIGNALED(s) and os.WTERMSIG(s) == signal.SIGTERM]
+    assert terminated and len(orphans - {os.getpid()}) >= 2, statuses  # two workers were started
 
 
 def test_a_killed_worker_costs_its_runs_a_retry_not_the_sweep(tmp_path: Path) -> None:
     config = tmp_path / "quick.toml"
-    config.write_text(SWEEP.format(max_iterations=300_000, lrs=[0.01, 0.02, 0.03]))
-    sweep = subprocess.Popen(
+    config.write_text(SWEEP.format(max_iterations=20_000, lrs=[0.01, 0.02, 0.03]))
+    fired = tmp_path / "fired"
+    # The first worker to finish round 3 dies (SIGKILL); the retries run through (the fault fires once).
+    env = {**os.environ, "STLSGD_FAULT": f"die-after-round=3,once={fired}"}
+    sweep = subprocess.run(
         [sys.executable, "-m", "stlsgd", "sweep", str(config), "--jobs", "2", "--out", str(tmp_path / "out")],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        env=env,
+        timeout=300,
     )
-    deadline = time.monotonic() + 120
-    while len(list((tmp_path / "out").glob("runs/*/metrics.jsonl"))) < 1:
-        assert sweep.poll() is None and time.monotonic() < deadline
-        time.sleep(0.1)
-    os.kill(min(_workers(sweep.pid)), signal.SIGKILL)
-    output = sweep.communicate(timeout=300)[0].decode()
+    output = sweep.stdout.decode()
     assert sweep.returncode == 0, output
+    assert fired.is_file()
     records = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert sorted(r["settings"]["lr"] for r in records if r["phase"] == "grid") == [0.01, 0.02, 0.03]
     assert all(r["status"] == "budget" for r in records), [r["error"] for r in records]

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from stlsgd import faults
 from stlsgd.errors import ConfigError, brief
 from stlsgd.executors import distributed
 from stlsgd.executors.averaging import replicate
@@ -182,6 +183,7 @@ def _rounds(
     b.problem.warm_up()
     started = time.perf_counter() - state.wall_s
     every = start.checkpoint_every
+    fault = faults.from_env()  # $STLSGD_FAULT: a test's kill after a chosen round
 
     def after_round(st: RunState, rnd: Any) -> str | None:
         verdict = on_round(st, rnd) if on_round is not None else None
@@ -190,6 +192,8 @@ def _rounds(
             full = _full(dataclasses.replace(st, wall_s=time.perf_counter() - started), n_clients, topology)
             if rundir is not None:
                 rundir.checkpoint(full)
+        if fault is not None:
+            fault.after(st.round)
         return verdict
 
     on_metrics: Callable[[dict[str, Any]], None] | None = None

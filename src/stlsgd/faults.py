@@ -1,0 +1,79 @@
+"""A deterministic fault for tests of kills and resumes: ``STLSGD_FAULT`` makes a run die after a chosen round.
+
+    STLSGD_FAULT="die-after-round=R[,rank=N][,once=PATH][,target=parent]"
+
+- ``die-after-round=R``: at the first round boundary at or past round R (rounds of synchronous methods come in
+  groups), once that round's checkpoint, if one falls there, is written, the process SIGKILLs itself -- as a kill
+  from outside would, but at a known instant, so a test can neither miss the run nor kill it after it has
+  finished (a resume past R with the variable still set would die at once: unset it, or use ``once``);
+- ``rank=N``: only the process whose ``RANK`` (torchrun) is N; the others go on and find their peer gone;
+- ``once=PATH``: only the first process to get there dies; it creates PATH (exclusively) first, so a retry or a
+  resume started with the same environment runs through (a sweep's worker pool passes its environment on);
+- ``target=parent``: SIGKILL the parent process instead (a sweep, from inside one of its workers); nothing is
+  done if the parent has already gone (the process was re-parented).
+
+Read once per run (:func:`from_env`); unset, the run pays one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from stlsgd.errors import ConfigError
+
+ENV = "STLSGD_FAULT"
+
+
+@dataclass(frozen=True)
+class Fault:
+    after_round: int
+    rank: int | None = None
+    once: Path | None = None
+    parent: int | None = None  # the pid to kill instead of this process (target=parent)
+
+    def after(self, round_: int) -> None:
+        """Called after every round: dies (or kills the parent) once ``round_`` reaches the chosen one."""
+        if round_ < self.after_round:
+            return
+        if self.rank is not None and int(os.environ.get("RANK", "0")) != self.rank:
+            return
+        if self.once is not None:
+            try:
+                os.close(os.open(self.once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return
+        if self.parent is None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif os.getppid() == self.parent:  # still our parent: not re-parented after its death
+            os.kill(self.parent, signal.SIGKILL)
+
+
+def parse(text: str) -> Fault:
+    """``Fault`` from the variable's text; a malformed value is a one-line error naming the variable."""
+    fields: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key not in ("die-after-round", "rank", "once", "target") or key in fields:
+            raise ConfigError(f"${ENV}: {part!r}: expected die-after-round=R[,rank=N][,once=PATH][,target=parent]")
+        fields[key] = value
+    try:
+        after = int(fields["die-after-round"])
+        rank = int(fields["rank"]) if "rank" in fields else None
+    except (KeyError, ValueError):
+        raise ConfigError(f"${ENV}: {text!r}: die-after-round=R (and rank=N) take whole numbers") from None
+    if fields.get("target", "self") not in ("self", "parent"):
+        raise ConfigError(f"${ENV}: target={fields['target']}: self or parent")
+    return Fault(
+        after_round=after,
+        rank=rank,
+        once=Path(fields["once"]) if "once" in fields else None,
+        parent=os.getppid() if fields.get("target") == "parent" else None,
+    )
+
+
+def from_env() -> Fault | None:
+    text = os.environ.get(ENV)
+    return parse(text) if text else None
