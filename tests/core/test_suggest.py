@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from stlsgd.cli import main
 from stlsgd.data import load_dataset, make_partition
@@ -52,6 +53,9 @@ def test_auto_runs_with_the_proposal_and_says_so(tmp_path: Path) -> None:
     p = propose(estimate(LogisticRegression(ds.X, ds.y), make_partition(ds.y, 4, "noniid", seed=0)))
     assert (summary["plan"]["lr"], summary["plan"]["T1"], summary["plan"]["k1"]) == (p["lr"], p["T1"], p["k"])
     assert summary["rule"]["drift"] is True and summary["plan"]["iid"] is True
+    # config.yaml leaves to auto what auto decided (null), and it validates again as the same run
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["algorithm"]
+    assert (saved["auto"], saved["drift"], saved["iid"]) == (True, None, None)
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -78,6 +82,11 @@ def test_suggest_prints_the_estimates_and_the_proposal(tmp_path: Path, capsys: p
             "problem.kind: suggest estimates the constants of Eq. 8",
         ),
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\nk = 4\n', "algorithm.auto: sets k itself; remove it"),
+        # auto chooses the k-growth and drift correction: a value given with it was silently overridden
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\niid = false\n', "algorithm.auto: sets iid itself; remove it"),
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\niid = true\n', "algorithm.auto: sets iid itself; remove it"),
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\ndrift = false\n', "algorithm.auto: sets drift itself"),
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\ndrift = true\n', "algorithm.auto: sets drift itself"),
     ],
 )
 def test_suggest_on_bad_input_is_one_line(

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from stlsgd.algorithms.budget import within_budget
 from stlsgd.algorithms.plan import NO_FEEDBACK, Cursor, Feedback, Plan, Round
 from stlsgd.executors.averaging import OuterNesterov, copy_state, is_finite, mean_over_clients, model_bytes
 from stlsgd.executors.sampling import Sampler
@@ -36,8 +37,7 @@ STATUSES = ("running", "reached", "budget", "diverged", "pruned")
 class StopRule:
     """When a run ends: target reached (gap <= target_gap or accuracy >= target_accuracy) or budget spent.
 
-    The budget is checked between rounds: a round is the unit of communication, so a run stops after the
-    round in which ``max_iterations`` is reached, which may pass it by part of one round.
+    ``max_iterations`` is a hard cap: a round that would cross it is cut at it (:mod:`stlsgd.algorithms.budget`).
     """
 
     target_gap: float | None = None
@@ -327,7 +327,7 @@ def _groups(loop: _Loop, state: RunState, fuse: bool, align: int | None) -> Iter
     while True:
         cursor = Cursor.from_dict(state.cursor)
         feedback = loop.feedback(state)
-        rnd = plan.next_round(cursor, feedback)
+        rnd = within_budget(plan.next_round(cursor, feedback), stop.max_iterations)
         cursor = plan.advance(cursor, rnd, feedback)
         group = [rnd]
         if fuse and rnd.steps == 1:
@@ -392,7 +392,7 @@ def _record(loop: _Loop, rnd: Round, lr: float, state: RunState) -> dict[str, An
         "iteration": state.iteration,
         "stage": rnd.stage,
         "lr": lr,
-        "period": rnd.period,
+        "period": rnd.steps,  # the round's actual length (a stage's last round, or one cut at the budget)
         "batch": rnd.batch,
         "objective": ev.objective,
         "gap": None if loop.fstar is None else ev.objective - loop.fstar,

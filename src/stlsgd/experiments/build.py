@@ -65,7 +65,7 @@ def round_rule(alg: MethodConfig) -> RoundRule:
     """Drift correction and the outer step of the config's method (local methods only)."""
     outer_lr = getattr(alg, "outer_lr", None)
     return RoundRule(
-        drift=getattr(alg, "drift", False),
+        drift=bool(getattr(alg, "drift", False)),  # stl_sc's unset drift (None) is off
         outer=None if outer_lr is None else OuterNesterov(lr=outer_lr, momentum=alg.outer_momentum),
     )
 
