@@ -14,7 +14,7 @@ from stlsgd.cli import main
 from stlsgd.data import load_dataset, make_partition
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
-from stlsgd.experiments.suggest import R_NONIID, estimate, propose
+from stlsgd.experiments.suggest import LR_T1_DRIFT, R_DRIFT, Estimates, estimate, propose
 from stlsgd.problems.logistic import LogisticRegression
 
 
@@ -33,11 +33,48 @@ def test_the_estimates_are_the_definitions_computed_directly() -> None:
     clients = np.array([G[partition.client_rows(c)].mean(axis=0) for c in range(4)])
     assert e.zeta2 == pytest.approx(np.mean(np.sum((clients - g) ** 2, axis=1)), rel=1e-9)
     p = propose(e)
-    assert p["lr"] == pytest.approx(4 / (2 * e.L)) and p["T1"] == math.ceil(1 / (e.mu * p["lr"]))
+    assert p["lr"] == pytest.approx(4 / (2 * e.L)) and p["T1"] == math.ceil(LR_T1_DRIFT / (e.mu * p["lr"]))
     assert p["drift"] is True  # label-sorted shards differ
-    assert p["rounds_per_stage"] == math.ceil(R_NONIID * math.sqrt(1 + 4 * e.zeta2 / e.sigma2))
+    assert p["k"] == max(p["T1"] // R_DRIFT, 1)
     shared = propose(estimate(problem, make_partition(ds.y, 4, "shared", seed=0)))
     assert (shared["drift"], shared["rounds_per_stage"], shared["k"]) == (False, 1, shared["T1"])
+
+
+def _estimates(**changes: float) -> Estimates:
+    base = dict(n=10_000, d=10, num_clients=32, L=2.0, L_max=4.0, mu=1e-5, sigma2=1.0, zeta2=0.0)
+    return Estimates(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_iid_proposal_is_one_round_a_stage_without_drift_correction() -> None:
+    # eta_1 = N/(2L) = 32/4 = 8; T_1 = 1/(mu eta_1) = 1/(1e-5 * 8) = 12,500; k_1 = T_1.
+    p = propose(_estimates())
+    assert (p["lr"], p["T1"], p["k"], p["drift"], p["iid"], p["rounds_per_stage"]) == (
+        8.0,
+        12_500,
+        12_500.0,
+        False,
+        True,
+        1,
+    )
+
+
+def test_non_iid_proposal_is_ten_short_rounds_a_stage_with_drift_correction_whatever_zeta() -> None:
+    # eta_1 = 8; T_1 = 0.1/(mu eta_1) = 1,250; k_1 = floor(1,250 / 10) = 125: 10 rounds a stage.
+    for zeta2 in (0.01, 1.0, 100.0):  # the dissimilarity no longer sets the rounds a stage
+        p = propose(_estimates(zeta2=zeta2))
+        assert (p["lr"], p["T1"], p["k"], p["drift"], p["rounds_per_stage"]) == (8.0, 1_250, 125.0, True, 10)
+    # T_1 = ceil(0.1 / (1e-3 * 8)) = ceil(12.5) = 13 and k_1 = 1: every step averaged, 13 rounds
+    assert (propose(_estimates(mu=1e-3, zeta2=1.0))["k"], propose(_estimates(mu=1e-3, zeta2=1.0))["T1"]) == (1.0, 13)
+    # a stage shorter than R steps: k_1 = 1 and T_1 rounds a stage
+    tiny = propose(_estimates(mu=0.01, zeta2=1.0))  # T_1 = ceil(0.1 / 0.08) = 2
+    assert (tiny["T1"], tiny["k"], tiny["rounds_per_stage"]) == (2, 1.0, 2)
+
+
+def test_the_iid_threshold_and_the_zero_noise_fallback() -> None:
+    assert propose(_estimates(zeta2=1e-3))["drift"] is False  # zeta^2 / sigma^2 = 1e-3: counted as alike
+    assert propose(_estimates(zeta2=1.001e-3))["drift"] is True
+    flat = propose(_estimates(sigma2=0.0, zeta2=5.0))
+    assert flat["drift"] is False and flat["fallback"].startswith("sigma^2 = 0")
 
 
 def test_auto_runs_with_the_proposal_and_says_so(tmp_path: Path) -> None:
