@@ -14,7 +14,7 @@ from stlsgd.cli import main
 from stlsgd.data import load_dataset, make_partition
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
-from stlsgd.experiments.suggest import LR_T1_DRIFT, R_DRIFT, Estimates, estimate, propose
+from stlsgd.experiments.suggest import DRIFT_LENGTH, LR_T1_DRIFT, R_DRIFT, Estimates, estimate, propose
 from stlsgd.problems.logistic import LogisticRegression
 
 
@@ -33,9 +33,10 @@ def test_the_estimates_are_the_definitions_computed_directly() -> None:
     clients = np.array([G[partition.client_rows(c)].mean(axis=0) for c in range(4)])
     assert e.zeta2 == pytest.approx(np.mean(np.sum((clients - g) ** 2, axis=1)), rel=1e-9)
     p = propose(e)
-    assert p["lr"] == pytest.approx(4 / (2 * e.L)) and p["T1"] == math.ceil(LR_T1_DRIFT / (e.mu * p["lr"]))
-    assert p["drift"] is True  # label-sorted shards differ
-    assert p["k"] == max(p["T1"] // R_DRIFT, 1)
+    assert p["lr"] == pytest.approx(4 / (2 * e.L)) and p["drift"] is True  # label-sorted shards differ
+    T1 = math.ceil(LR_T1_DRIFT / (e.mu * p["lr"]))
+    assert p["k"] == max(T1 // R_DRIFT, math.ceil(DRIFT_LENGTH / (p["lr"] * e.L)))
+    assert p["T1"] == max(T1, R_DRIFT * p["k"])
     shared = propose(estimate(problem, make_partition(ds.y, 4, "shared", seed=0)))
     assert (shared["drift"], shared["rounds_per_stage"], shared["k"]) == (False, 1, shared["T1"])
 
@@ -63,11 +64,13 @@ def test_non_iid_proposal_is_ten_short_rounds_a_stage_with_drift_correction_what
     for zeta2 in (0.01, 1.0, 100.0):  # the dissimilarity no longer sets the rounds a stage
         p = propose(_estimates(zeta2=zeta2))
         assert (p["lr"], p["T1"], p["k"], p["drift"], p["rounds_per_stage"]) == (8.0, 1_250, 125.0, True, 10)
-    # T_1 = ceil(0.1 / (1e-3 * 8)) = ceil(12.5) = 13 and k_1 = 1: every step averaged, 13 rounds
-    assert (propose(_estimates(mu=1e-3, zeta2=1.0))["k"], propose(_estimates(mu=1e-3, zeta2=1.0))["T1"]) == (1.0, 13)
-    # a stage shorter than R steps: k_1 = 1 and T_1 rounds a stage
-    tiny = propose(_estimates(mu=0.01, zeta2=1.0))  # T_1 = ceil(0.1 / 0.08) = 2
-    assert (tiny["T1"], tiny["k"], tiny["rounds_per_stage"]) == (2, 1.0, 2)
+    # Well conditioned: T_1 = ceil(0.1 / (1e-3 * 8)) = 13 steps, under the floor k_1 >= 256 / (eta_1 L) = 16:
+    # k_1 = 16 and the stage lengthened to 10 rounds of it, T_1 = 160.
+    short = propose(_estimates(mu=1e-3, zeta2=1.0))
+    assert (short["T1"], short["k"], short["rounds_per_stage"]) == (160, 16.0, 10)
+    # A longer floor in steps with fewer clients (eta_1 = N/(2L) smaller): N = 4, eta_1 = 1, k_1 >= 256/2 = 128.
+    few = propose(_estimates(num_clients=4, zeta2=1.0))  # T_1 = 0.1/(1e-5 * 1) = 10,000: 1,000 >= 128
+    assert (few["lr"], few["T1"], few["k"]) == (1.0, 10_000, 1_000.0)
 
 
 def test_the_iid_threshold_and_the_zero_noise_fallback() -> None:

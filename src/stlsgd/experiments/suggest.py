@@ -18,7 +18,7 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
 - IID (the clients sample alike, zeta^2 / sigma^2 <= 1e-3): T_1 = 1 / (mu eta_1) (the paper's experimental rule
   eta_1 T_1 = 1/lambda, Theorem 2's form with 1 for 6) and k_1 = T_1: one round a stage, no drift correction;
 - Non-IID: drift correction on, eta_1 T_1 = 0.1 / lambda (LR_T1_DRIFT) and k_1 = T_1 / 10: R = 10 rounds a stage
-  (R_DRIFT), whatever zeta^2. With SCAFFOLD's control variates the clients' dissimilarity no longer asks for
+  (R_DRIFT), whatever zeta^2; k_1 is at least 256 / (eta_1 L) steps (DRIFT_LENGTH), T_1 then R k_1. With SCAFFOLD's control variates the clients' dissimilarity no longer asks for
   more rounds a stage (Theorem 2's factor sqrt(1 + 4 zeta^2 / sigma^2) bounds plain Local SGD's drift, which the
   control variates remove); what a stage needs is a few rounds for the variates to settle at the stage's lr,
   and short stages (eta_s T_s = 0.1/lambda), so that the lr halves often. Measured on a9a Non-IID (seed 0): 105
@@ -48,6 +48,10 @@ from stlsgd.problems.logistic import LogisticRegression, _expit
 # (docs/results/schedules.md).
 R_DRIFT = 10
 LR_T1_DRIFT = 0.1
+# The shortest first period with drift correction, in steps of size 1/L: eta_1 k_1 L >= 256 (k_1 >= 512 / N at
+# eta_1 = N/(2L)). On digits49 Non-IID (8 clients, kappa = L/lambda ~ 960) eta_1 T_1 = 0.1/lambda is 24 steps and
+# k_1 = 2 took 160 rounds; with this floor (k_1 = 64, T_1 = 640) 50 rounds.
+DRIFT_LENGTH = 256.0
 # Below this share of the gradient noise, the clients count as sampling alike (zeta^2 / sigma^2).
 IID_SHARE = 1e-3
 
@@ -120,7 +124,12 @@ def propose(e: Estimates, rounds_drift: int = R_DRIFT, lr_T1_drift: float = LR_T
     lr = e.num_clients / (2.0 * e.L)
     drift = share > IID_SHARE
     T1 = max(int(math.ceil((lr_T1_drift if drift else 1.0) / (e.mu * lr))), 1)
-    k = max(T1 // rounds_drift, 1) if drift else T1
+    k = T1
+    if drift:
+        # R rounds a stage, k_1 no shorter than DRIFT_LENGTH steps of size 1/L (eta_1 k_1 L >= DRIFT_LENGTH): where
+        # 0.1/lambda is few steps (a well-conditioned problem), the stage is lengthened to R rounds of that k_1.
+        k = max(T1 // rounds_drift, math.ceil(DRIFT_LENGTH / (lr * e.L)), 1)
+        T1 = max(T1, rounds_drift * k)
     return {
         "lr": lr,
         "T1": T1,
