@@ -124,12 +124,13 @@ def propose(e: Estimates, rounds_drift: int = R_DRIFT, lr_T1_drift: float = LR_T
     lr = e.num_clients / (2.0 * e.L)
     drift = share > IID_SHARE
     T1 = max(int(math.ceil((lr_T1_drift if drift else 1.0) / (e.mu * lr))), 1)
-    k = T1
+    k, rule = T1, f"{lr_T1_drift if drift else 1.0:g}/(mu lr)"
     if drift:
         # R rounds a stage, k_1 no shorter than DRIFT_LENGTH steps of size 1/L (eta_1 k_1 L >= DRIFT_LENGTH): where
         # 0.1/lambda is few steps (a well-conditioned problem), the stage is lengthened to R rounds of that k_1.
         k = max(T1 // rounds_drift, math.ceil(DRIFT_LENGTH / (lr * e.L)), 1)
-        T1 = max(T1, rounds_drift * k)
+        if rounds_drift * k > T1:
+            T1, rule = rounds_drift * k, f"{rounds_drift} k: k >= {DRIFT_LENGTH:g}/(lr L)"
     return {
         "lr": lr,
         "T1": T1,
@@ -137,7 +138,7 @@ def propose(e: Estimates, rounds_drift: int = R_DRIFT, lr_T1_drift: float = LR_T
         "drift": drift,
         "iid": True,
         "rounds_per_stage": math.ceil(T1 / k),
-        "lr_T1": lr_T1_drift if drift else 1.0,
+        "T1_rule": rule,
         "fallback": fallback,
     }
 
@@ -153,7 +154,7 @@ def report(e: Estimates, proposal: dict[str, Any]) -> str:
         f"Theorem 2: eta_1 <= 1/(6L) = {t2['lr']:.4g}, T_1 = 6/(mu eta_1) = {t2['T1']:.4g}, k_1 = "
         f"{t2['k1_iid']:.3g} (IID) / {t2['k1_noniid']:.3g} (Non-IID): under 1, an average every step",
         f"proposal (algorithm.auto = true): lr = {proposal['lr']:.6g} (N/(2L)), T1 = {proposal['T1']} "
-        f"({proposal['lr_T1']:g}/(mu lr)), k = {proposal['k']:g} ({proposal['rounds_per_stage']} round(s) a stage), "
+        f"({proposal['T1_rule']}), k = {proposal['k']:g} ({proposal['rounds_per_stage']} round(s) a stage), "
         f"drift = {str(proposal['drift']).lower()}, k x2 a stage",
     ]
     if proposal["fallback"]:
