@@ -192,7 +192,7 @@ def build(exp: Experiment, data_dir: str | None = None) -> Built:
 def with_plan(exp: Experiment, built: Built) -> Built:
     """``built`` with the plan and round rule of ``exp``'s method; ``algorithm.auto`` settles its settings from
     the data first (:mod:`stlsgd.experiments.suggest`), and ``built.algorithm`` records what ran."""
-    alg = exp.algorithm
+    alg: MethodConfig = exp.algorithm  # the registry's union: every member is a MethodConfig
     if getattr(alg, "auto", False):
         from stlsgd.experiments.suggest import estimates_for, propose
 
