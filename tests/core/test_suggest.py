@@ -14,7 +14,7 @@ from stlsgd.cli import main
 from stlsgd.data import load_dataset, make_partition
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
-from stlsgd.experiments.suggest import DRIFT_LENGTH, LR_T1_DRIFT, R_DRIFT, Estimates, estimate, propose
+from stlsgd.experiments.suggest import R_NONIID, Estimates, estimate, propose
 from stlsgd.problems.logistic import LogisticRegression
 
 
@@ -33,10 +33,9 @@ def test_the_estimates_are_the_definitions_computed_directly() -> None:
     clients = np.array([G[partition.client_rows(c)].mean(axis=0) for c in range(4)])
     assert e.zeta2 == pytest.approx(np.mean(np.sum((clients - g) ** 2, axis=1)), rel=1e-9)
     p = propose(e)
-    assert p["lr"] == pytest.approx(4 / (2 * e.L)) and p["drift"] is True  # label-sorted shards differ
-    T1 = math.ceil(LR_T1_DRIFT / (e.mu * p["lr"]))
-    assert p["k"] == max(T1 // R_DRIFT, math.ceil(DRIFT_LENGTH / (p["lr"] * e.L)))
-    assert p["T1"] == max(T1, R_DRIFT * p["k"])
+    assert p["lr"] == pytest.approx(4 / (2 * e.L)) and p["T1"] == math.ceil(1 / (e.mu * p["lr"]))
+    assert p["drift"] is True  # label-sorted shards differ
+    assert p["rounds_per_stage"] == math.ceil(R_NONIID * math.sqrt(1 + 4 * e.zeta2 / e.sigma2))
     shared = propose(estimate(problem, make_partition(ds.y, 4, "shared", seed=0)))
     assert (shared["drift"], shared["rounds_per_stage"], shared["k"]) == (False, 1, shared["T1"])
 
@@ -59,18 +58,18 @@ def test_iid_proposal_is_one_round_a_stage_without_drift_correction() -> None:
     )
 
 
-def test_non_iid_proposal_is_ten_short_rounds_a_stage_with_drift_correction_whatever_zeta() -> None:
-    # eta_1 = 8; T_1 = 0.1/(mu eta_1) = 1,250; k_1 = floor(1,250 / 10) = 125: 10 rounds a stage.
-    for zeta2 in (0.01, 1.0, 100.0):  # the dissimilarity no longer sets the rounds a stage
-        p = propose(_estimates(zeta2=zeta2))
-        assert (p["lr"], p["T1"], p["k"], p["drift"], p["rounds_per_stage"]) == (8.0, 1_250, 125.0, True, 10)
-    # Well conditioned: T_1 = ceil(0.1 / (1e-3 * 8)) = 13 steps, under the floor k_1 >= 256 / (eta_1 L) = 16:
-    # k_1 = 16 and the stage lengthened to 10 rounds of it, T_1 = 160.
-    short = propose(_estimates(mu=1e-3, zeta2=1.0))
-    assert (short["T1"], short["k"], short["rounds_per_stage"]) == (160, 16.0, 10)
-    # A longer floor in steps with fewer clients (eta_1 = N/(2L) smaller): N = 4, eta_1 = 1, k_1 >= 256/2 = 128.
-    few = propose(_estimates(num_clients=4, zeta2=1.0))  # T_1 = 0.1/(1e-5 * 1) = 10,000: 1,000 >= 128
-    assert (few["lr"], few["T1"], few["k"]) == (1.0, 10_000, 1_000.0)
+def test_non_iid_proposal_switches_drift_correction_on_and_spends_theorem_2s_factor_in_rounds() -> None:
+    # eta_1 = 8, T_1 = 12,500 as IID; zeta^2/sigma^2 = 0.75: R = ceil(64 sqrt(1 + 3)) = 128, k_1 = floor(12,500/128).
+    p = propose(_estimates(zeta2=0.75))
+    assert (p["lr"], p["T1"], p["drift"], p["rounds_per_stage"], p["k"]) == (8.0, 12_500, True, 128, 97.0)
+    # zeta^2/sigma^2 = 0.0025 (just above the threshold): R = ceil(64 sqrt(1.01)) = 65, k_1 = 192
+    assert (propose(_estimates(zeta2=0.0025))["rounds_per_stage"], propose(_estimates(zeta2=0.0025))["k"]) == (
+        65,
+        192.0,
+    )
+    # a stage shorter than R steps: k_1 = 1 (every step averaged)
+    tiny = propose(_estimates(mu=0.01, zeta2=0.75))  # T_1 = ceil(1 / 0.08) = 13
+    assert (tiny["T1"], tiny["k"]) == (13, 1.0)
 
 
 def test_the_iid_threshold_and_the_zero_noise_fallback() -> None:
