@@ -104,3 +104,16 @@ def test_the_first_stage_rule_that_overflows_is_one_line():
     with pytest.raises(ConfigError, match=r"^algorithm\.lr: "):
         STLSCConfig(lr=1.0).plan(tiny)
     assert first_stage_length(32.0, 1 / 32561) == 1018  # the rule itself is unchanged
+
+
+@pytest.mark.parametrize("field", ["algorithm.lr=1e-320", "problem.lam=1e-320"])
+def test_an_overflowing_first_stage_is_one_line_from_the_cli(tmp_path, capsys, field):
+    from stlsgd.cli import main
+
+    config = tmp_path / "c.toml"
+    config.write_text('[data]\ndataset = "digits49"\nnum_clients = 2\n[algorithm]\nmethod = "stl_sc"\n')
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--set", field, "--set", "run.target_gap=none"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "algorithm.lr: the first stage T_1 = 1 / (lr * lambda)" in err, err
+    assert not out.exists() or not any(out.iterdir())
