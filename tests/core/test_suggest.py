@@ -8,12 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from stlsgd.cli import main
 from stlsgd.data import load_dataset, make_partition
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
-from stlsgd.experiments.suggest import R_NONIID, estimate, propose
+from stlsgd.experiments.suggest import R_NONIID, Estimates, estimate, propose
 from stlsgd.problems.logistic import LogisticRegression
 
 
@@ -39,6 +40,45 @@ def test_the_estimates_are_the_definitions_computed_directly() -> None:
     assert (shared["drift"], shared["rounds_per_stage"], shared["k"]) == (False, 1, shared["T1"])
 
 
+def _estimates(**changes: float) -> Estimates:
+    base = dict(n=10_000, d=10, num_clients=32, L=2.0, L_max=4.0, mu=1e-5, sigma2=1.0, zeta2=0.0)
+    return Estimates(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_iid_proposal_is_one_round_a_stage_without_drift_correction() -> None:
+    # eta_1 = N/(2L) = 32/4 = 8; T_1 = 1/(mu eta_1) = 1/(1e-5 * 8) = 12,500; k_1 = T_1.
+    p = propose(_estimates())
+    assert (p["lr"], p["T1"], p["k"], p["drift"], p["iid"], p["rounds_per_stage"]) == (
+        8.0,
+        12_500,
+        12_500.0,
+        False,
+        True,
+        1,
+    )
+
+
+def test_non_iid_proposal_switches_drift_correction_on_and_spends_theorem_2s_factor_in_rounds() -> None:
+    # eta_1 = 8, T_1 = 12,500 as IID; zeta^2/sigma^2 = 0.75: R = ceil(64 sqrt(1 + 3)) = 128, k_1 = floor(12,500/128).
+    p = propose(_estimates(zeta2=0.75))
+    assert (p["lr"], p["T1"], p["drift"], p["rounds_per_stage"], p["k"]) == (8.0, 12_500, True, 128, 97.0)
+    # zeta^2/sigma^2 = 0.0025 (just above the threshold): R = ceil(64 sqrt(1.01)) = 65, k_1 = 192
+    assert (propose(_estimates(zeta2=0.0025))["rounds_per_stage"], propose(_estimates(zeta2=0.0025))["k"]) == (
+        65,
+        192.0,
+    )
+    # a stage shorter than R steps: k_1 = 1 (every step averaged)
+    tiny = propose(_estimates(mu=0.01, zeta2=0.75))  # T_1 = ceil(1 / 0.08) = 13
+    assert (tiny["T1"], tiny["k"]) == (13, 1.0)
+
+
+def test_the_iid_threshold_and_the_zero_noise_fallback() -> None:
+    assert propose(_estimates(zeta2=1e-3))["drift"] is False  # zeta^2 / sigma^2 = 1e-3: counted as alike
+    assert propose(_estimates(zeta2=1.001e-3))["drift"] is True
+    flat = propose(_estimates(sigma2=0.0, zeta2=5.0))
+    assert flat["drift"] is False and flat["fallback"].startswith("sigma^2 = 0")
+
+
 def test_auto_runs_with_the_proposal_and_says_so(tmp_path: Path) -> None:
     exp = Experiment.model_validate(
         {
@@ -52,6 +92,9 @@ def test_auto_runs_with_the_proposal_and_says_so(tmp_path: Path) -> None:
     p = propose(estimate(LogisticRegression(ds.X, ds.y), make_partition(ds.y, 4, "noniid", seed=0)))
     assert (summary["plan"]["lr"], summary["plan"]["T1"], summary["plan"]["k1"]) == (p["lr"], p["T1"], p["k"])
     assert summary["rule"]["drift"] is True and summary["plan"]["iid"] is True
+    # config.yaml leaves to auto what auto decided (null), and it validates again as the same run
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["algorithm"]
+    assert (saved["auto"], saved["drift"], saved["iid"]) == (True, None, None)
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -78,6 +121,11 @@ def test_suggest_prints_the_estimates_and_the_proposal(tmp_path: Path, capsys: p
             "problem.kind: suggest estimates the constants of Eq. 8",
         ),
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\nk = 4\n', "algorithm.auto: sets k itself; remove it"),
+        # auto chooses the k-growth and drift correction: a value given with it was silently overridden
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\niid = false\n', "algorithm.auto: sets iid itself; remove it"),
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\niid = true\n', "algorithm.auto: sets iid itself; remove it"),
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\ndrift = false\n', "algorithm.auto: sets drift itself"),
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\ndrift = true\n', "algorithm.auto: sets drift itself"),
     ],
 )
 def test_suggest_on_bad_input_is_one_line(

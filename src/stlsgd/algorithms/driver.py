@@ -27,6 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from stlsgd.algorithms.budget import within_budget
 from stlsgd.algorithms.plan import NO_FEEDBACK, Cursor, Feedback, Plan, Round
 from stlsgd.errors import StlsgdError
 
@@ -88,8 +89,10 @@ class PlanDriver:
       :class:`~stlsgd.errors.StlsgdError`, prefixed with ``who``).
     """
 
-    def __init__(self, plan: Plan, state: DriverState | None = None) -> None:
+    def __init__(self, plan: Plan, state: DriverState | None = None, *, max_iterations: int | None = None) -> None:
         self.plan = plan
+        #: A hard cap on iterations: the round that would cross it is cut there (``algorithms.budget``).
+        self.max_iterations = max_iterations
         self.identity = plan_identity(plan)
         self._state = DriverState()
         self._round: Round | None = None
@@ -111,7 +114,7 @@ class PlanDriver:
         self._peeked = None
         self._round = None
         if state.feedback is not None:
-            self._round = self.plan.next_round(state.cursor, state.feedback)
+            self._round = self._ask(state.cursor, state.feedback)
             if state.step >= self._round.steps and state.step:
                 raise ValueError(
                     f"step {state.step} is outside round {state.cursor.index}, which has {self._round.steps} steps"
@@ -146,8 +149,12 @@ class PlanDriver:
         if self._round is not None:
             return self._round
         if self._peeked is None or self._peeked[0] != feedback:
-            self._peeked = (feedback, self.plan.next_round(self._state.cursor, feedback))
+            self._peeked = (feedback, self._ask(self._state.cursor, feedback))
         return self._peeked[1]
+
+    def _ask(self, cursor: Cursor, feedback: Feedback) -> Round:
+        """The plan's round at ``cursor``, cut at the iteration budget if it would cross it."""
+        return within_budget(self.plan.next_round(cursor, feedback), self.max_iterations)
 
     def settle(self, feedback: Feedback = NO_FEEDBACK) -> Round:
         if self._round is None:

@@ -23,8 +23,18 @@ from stlsgd.errors import ConfigError
 
 
 def first_stage_length(lr: float, lam: float, scale: float = 1.0) -> int:
-    """T_1 from the paper's experimental rule eta_1 * T_1 = scale / lambda (Section 5; scale = 1)."""
-    return max(int(math.ceil(scale / (lam * lr) - 1e-9)), 1)
+    """T_1 from the paper's experimental rule eta_1 * T_1 = scale / lambda (Section 5; scale = 1).
+
+    A T_1 beyond MAX_STEPS (a tiny lr or lambda: 1e-320 gives infinity) is a one-line ConfigError."""
+    product = lam * lr
+    length = scale / product if product > 0 else math.inf  # lam * lr underflows to 0 for lr = 1e-320
+    if not length <= MAX_STEPS:
+        raise ConfigError(
+            f"algorithm.lr: the first stage T_1 = 1 / (lr * lambda) = {length:.3g} iterations (lr = {lr:g}, lambda "
+            f"= {lam:g}{f', lr_T1 = {scale:g}' if scale != 1 else ''}) is beyond {MAX_STEPS:.3g}; raise lr or "
+            "problem.lam, or give algorithm.T1"
+        )
+    return max(int(math.ceil(length - 1e-9)), 1)
 
 
 @dataclass
@@ -104,15 +114,22 @@ class STLSCConfig(_Stagewise):
     method: Literal["stl_sc"] = "stl_sc"
     lr_T1: float = Field(1.0, gt=0, description="eta_1 T_1 = lr_T1 / lambda when T1 is unset (the paper: 1)")
     auto: bool = Field(
-        False, description="lr, k, T1 and drift from the data's estimated constants (stlsgd suggest); no grid"
+        False, description="lr, k, T1, iid and drift from the data's estimated constants (stlsgd suggest); no grid"
+    )
+    # Unset (None) means off, or auto's choice: so that `drift = false` given with auto is seen, and refused.
+    drift: bool | None = Field(  # type: ignore[assignment]
+        None,
+        description="SCAFFOLD control variates (option II) correct each client's steps for client drift; a round "
+        "then also sends the control variate (unset: off, or auto's choice)",
     )
 
     @model_validator(mode="after")
     def _auto_alone(self) -> STLSCConfig:
         # A resolved config (config.yaml) holds every field at its default: only values that differ are refused.
+        # iid and drift default to None (unset), so an explicit false is refused too: auto would override it.
         given = sorted(
             f
-            for f in ("lr", "k", "T1", "T1_epochs", "lr_T1", "drift")
+            for f in ("lr", "k", "T1", "T1_epochs", "lr_T1", "drift", "iid")
             if getattr(self, f) != type(self).model_fields[f].default
         )
         if self.auto and given:
@@ -146,6 +163,7 @@ class STLNCConfig(_Stagewise):
 
     def plan(self, ctx: PlanContext) -> Plan:
         T1 = first_stage_iterations(self.T1, self.T1_epochs, self.batch, ctx)
+        assert T1 is not None  # _length_given refused a config without either
         return STLSGD(
             lr=self.lr,
             T1=T1,

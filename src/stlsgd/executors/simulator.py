@@ -46,8 +46,7 @@ STATUSES = ("running", "reached", "budget", "diverged", "pruned")
 class StopRule:
     """When a run ends: target reached (gap <= target_gap or accuracy >= target_accuracy) or budget spent.
 
-    The budget is checked between rounds: a round is the unit of communication, so a run stops after the
-    round in which ``max_iterations`` is reached, which may pass it by part of one round.
+    ``max_iterations`` is a hard cap: a round that would cross it is cut at it (:mod:`stlsgd.algorithms.budget`).
     """
 
     target_gap: float | None = None
@@ -324,7 +323,7 @@ def _groups(loop: _Loop, state: RunState, fuse: bool, align: int | None) -> Iter
     SAMPLES_PER_CHUNK samples. Each round is settled by the plan driver with the feedback of the moment.
     """
     stop = loop.stop
-    driver = PlanDriver(loop.plan, DriverState(cursor=state.cursor))
+    driver = PlanDriver(loop.plan, DriverState(cursor=state.cursor), max_iterations=stop.max_iterations)
     while True:
         feedback = loop.feedback(state)
         rnd = driver.take(feedback)
@@ -390,7 +389,7 @@ def _record(loop: _Loop, rnd: Round, lr: float, state: RunState) -> dict[str, An
         "iteration": state.iteration,
         "stage": rnd.stage,
         "lr": lr,
-        "period": rnd.period,
+        "period": rnd.steps,  # the round's actual length (a stage's last round, or one cut at the budget)
         "batch": rnd.batch,
         "objective": ev.objective,
         "gap": None if loop.fstar is None else ev.objective - loop.fstar,

@@ -65,7 +65,7 @@ def round_rule(alg: MethodConfig) -> RoundRule:
     """Drift correction and the outer step of the config's method (local methods only)."""
     outer_lr = getattr(alg, "outer_lr", None)
     return RoundRule(
-        drift=getattr(alg, "drift", False),
+        drift=bool(getattr(alg, "drift", False)),  # stl_sc's unset drift (None) is off
         outer=None if outer_lr is None else OuterNesterov(lr=outer_lr, momentum=alg.outer_momentum),
     )
 
@@ -192,7 +192,7 @@ def build(exp: Experiment, data_dir: str | None = None) -> Built:
 def with_plan(exp: Experiment, built: Built) -> Built:
     """``built`` with the plan and round rule of ``exp``'s method; ``algorithm.auto`` settles its settings from
     the data first (:mod:`stlsgd.experiments.suggest`), and ``built.algorithm`` records what ran."""
-    alg = exp.algorithm
+    alg: MethodConfig = exp.algorithm  # the registry's union: every member is a MethodConfig
     if getattr(alg, "auto", False):
         from stlsgd.experiments.suggest import estimates_for, propose
 

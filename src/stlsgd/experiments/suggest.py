@@ -20,6 +20,15 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   alike (zeta^2 = 0); otherwise drift correction is switched on and R = ceil(R_NONIID sqrt(1 + 4 zeta^2 /
   sigma^2)), Theorem 2's Non-IID factor sqrt((sigma^2 + 4 zeta^2) / sigma^2) on top of a base R_NONIID = 64
   measured once (docs/results/schedules.md).
+
+``auto`` sets lr, k, T1, iid and drift itself: any of them given beside it is refused (STLSCConfig).
+
+Kept although it spends 4-9x the grid's best rounds in the Non-IID columns, because the faster static rules
+tried do not hold on every column (docs/results/schedules.md, *Tuning-free default*): ten rounds a stage of
+eta_s T_s = 0.1/lambda reached a9a Non-IID in 105 rounds (this rule: 775) but left MNIST Non-IID at gap 6.8e-4
+after 4.1M of its 10M iterations, on course to end at the budget (this rule: 655 rounds, reached); with 0.3/lambda
+MNIST reached in 130 and a9a ended at the budget. A rule that holds everywhere likely has to find the stage length
+online (end a stage when the iterates are stationary); not built yet.
 """
 
 from __future__ import annotations

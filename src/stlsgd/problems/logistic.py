@@ -271,6 +271,9 @@ class LogisticRegression:
         self.lam = 1.0 / self.num_samples if lam is None else float(lam)
         self.name = name
         self.param_names = ["w"]
+        # Where a score x^T w is exactly 0 (an all-zero row, or x_0 = 0) the prediction is the majority class of
+        # the training labels (+1 when the classes are even), so ties count as right for the majority's rows.
+        self.majority = 1.0 if np.count_nonzero(self.y > 0) * 2 >= self.y.size else -1.0
         self._fstar: float | None = None
         self._rows = _compact_rows(self.X)
 
@@ -327,7 +330,9 @@ class LogisticRegression:
         w = state["w"][0]
         margins = self.y * (self.X @ w)
         objective = float(np.mean(np.logaddexp(0.0, -margins)) + 0.5 * self.lam * float(w @ w))
-        return Evaluation(objective=objective, accuracy=float(np.mean(margins > 0)))
+        # sign(x^T w) with ties to the majority class: right where the margin is > 0, or 0 on a majority row.
+        right = (margins > 0) | ((margins == 0) & (self.y == self.majority))
+        return Evaluation(objective=objective, accuracy=float(np.mean(right)))
 
     def gradient(self, w: np.ndarray) -> np.ndarray:
         margins = self.y * (self.X @ w)
