@@ -1,7 +1,8 @@
 """The drop-in in a practitioner's loop: synchronisations, bytes, wall time and test accuracy, in one run.
 
     .venv/bin/python benchmarks/bench_dropin.py --data-dir ../shared/data [--seeds 0 1 2] [--tables main gamma state]
-    .venv/bin/python benchmarks/bench_dropin.py --data-dir ../shared/data --tables noniid [--steps 700 --train 12000]
+    .venv/bin/python benchmarks/bench_dropin.py --data-dir ../shared/data --tables noniid curve \
+        [--partitions classes dirichlet] [--ranks 2 4] [--steps 700 --train 12000]
 
 Each row launches ``benchmarks/dropin_mnist.py`` (an MLP on 12,000 MNIST images, SGD momentum 0.9 and weight decay
 5e-4, StepLR(200, 0.5), DistributedSampler, 700 steps of batch 32) under ``torchrun --nproc_per_node=2`` (gloo)
@@ -16,9 +17,15 @@ once per seed and prints the mean over the seeds:
 - ``state``: the optimizer-state policy (average, keep, reset) for a fixed period 4 and LR-coupled STL;
 - ``outer``: plain averaging against outer Nesterov steps (lr, momentum) for the same two: (1.0, 0), which is
   plain averaging again (a check), DiLoCo's (0.7, 0.9) and a milder (0.7, 0.5);
-- ``noniid``: label skew, each of the 2 processes holding a disjoint set of classes (digits 0-4 and 5-9), SGD
-  momentum with a linear warm-up (50 steps from 0.1 lr) then cosine: DDP, PeriodicModelAverager (period 4 and
-  16), STL stages and LR-coupled STL, each with and without drift correction (``drift=True``).
+- ``noniid``: label skew, SGD momentum with a linear warm-up (50 steps from 0.1 lr) then cosine, for each
+  ``--partitions`` (``classes``: each process holds a disjoint set of classes, digits 0-4 and 5-9 on 2;
+  ``dirichlet``: each class split in Dirichlet(0.1) proportions drawn with the seed) and each ``--ranks``: DDP,
+  PeriodicModelAverager (period 4 and 16), STL stages and LR-coupled STL, each with and without drift correction
+  (``drift=True``);
+- ``curve``: the same setting, accuracy against syncs for growing periods 4, 8, 16, 32, 64: the drop-in's fixed
+  period and LR-coupled STL (k1 = the period), each with and without drift, against DDP; then the goal: a
+  drift-corrected schedule within 0.5 points of DDP at no more than 1/4 of its syncs where the same schedule
+  without drift loses at least 1 point.
 
 Synchronisations are rounds of communication (DDP: one per step, its gradient buckets together); bytes are what
 each process contributed to the all-reduces. Wall times are of the 700 steps, on whatever else runs here.
@@ -79,9 +86,8 @@ OUTER = [
         ("outer step 0.7, 0.5", ["--outer", "0.7,0.5"]),
     )
 ]
-SKEW = ["--partition", "classes", "--lr-schedule", "warmcos"]
 NONIID = [
-    (label, [*args, *SKEW])
+    (label, [*args, "--lr-schedule", "warmcos"])
     for label, args in (
         ("DDP", ["--mode", "ddp"]),
         ("PeriodicModelAverager, period 4", ["--mode", "pma", "--k", "4"]),
@@ -92,7 +98,17 @@ NONIID = [
         ("stlsgd LR-coupled STL, k1 4, drift", ["--schedule", "lrc", "--k", "4", "--drift"]),
     )
 ]
-TABLES = {"main": MAIN, "gamma": GAMMA, "state": STATE, "outer": OUTER, "noniid": NONIID}
+PERIODS = (4, 8, 16, 32, 64)
+CURVE_SCHEDULES = (("fixed period", "fixed"), ("LR-coupled STL", "lrc"))
+CURVE = [("DDP", ["--mode", "ddp", "--lr-schedule", "warmcos"])] + [
+    (f"{name} {k}{', drift' if drift else ''}", ["--schedule", schedule, "--k", str(k), "--lr-schedule", "warmcos"])
+    for k in PERIODS
+    for name, schedule in CURVE_SCHEDULES
+    for drift in (False, True)
+]
+CURVE = [(label, [*args, "--drift"] if label.endswith("drift") else args) for label, args in CURVE]
+TABLES = {"main": MAIN, "gamma": GAMMA, "state": STATE, "outer": OUTER, "noniid": NONIID, "curve": CURVE}
+SKEWED = ("noniid", "curve")
 
 
 def _port() -> int:
@@ -104,13 +120,15 @@ def _port() -> int:
 ABORTS: list[str] = []
 
 
-def launch(args: list[str], seed: int, data_dir: str | None, tries: int = 3, extra: list[str] | None = None) -> dict:
+def launch(
+    args: list[str], seed: int, data_dir: str | None, tries: int = 3, extra: list[str] | None = None, ranks: int = 2
+) -> dict:
     """One run's result line. A run whose rank aborts while its interpreter exits (SIGABRT, "terminate called
     without an active exception", seen about once in 50 runs on this loaded 2-core machine, after the result was
     printed) is run again, up to ``tries`` times, and counted in ABORTS; any other failure stops the benchmark."""
     cmd = [
         TORCHRUN,
-        "--nproc_per_node=2",
+        f"--nproc_per_node={ranks}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=127.0.0.1:{_port()}",
         str(SCRIPT),
@@ -135,20 +153,24 @@ def launch(args: list[str], seed: int, data_dir: str | None, tries: int = 3, ext
     if "terminate called without an active exception" in result.stderr and tries > 1:
         ABORTS.append(" ".join(cmd))
         print(f"(a rank aborted at exit; running it again) {' '.join(cmd)}", file=sys.stderr, flush=True)
-        return launch(args, seed, data_dir, tries - 1, extra)
+        return launch(args, seed, data_dir, tries - 1, extra, ranks)
     if result.returncode or not lines:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{result.stderr[-3000:]}")
     return json.loads(lines[-1])
 
 
 def table(
-    rows: list[tuple[str, list[str]]], seeds: list[int], data_dir: str | None, extra: list[str] | None = None
+    rows: list[tuple[str, list[str]]],
+    seeds: list[int],
+    data_dir: str | None,
+    extra: list[str] | None = None,
+    ranks: int = 2,
 ) -> dict[str, dict]:
     print(f"| run | syncs | all-reduce calls | MiB sent | wall s | test accuracy (mean over seeds {seeds}) |")
     print("|---|---|---|---|---|---|")
     out = {}
     for label, args in rows:
-        runs = [launch(args, seed, data_dir, extra=extra) for seed in seeds]
+        runs = [launch(args, seed, data_dir, extra=extra, ranks=ranks) for seed in seeds]
         acc = [r["accuracy"] for r in runs]
         mean = {k: statistics.mean(r[k] for r in runs) for k in ("syncs", "allreduces", "mbytes", "wall_s")}
         out[label] = {**mean, "accuracy": statistics.mean(acc), "accuracies": acc}
@@ -164,7 +186,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--tables", nargs="+", choices=tuple(TABLES), default=[t for t in TABLES if t != "noniid"])
+    parser.add_argument("--tables", nargs="+", choices=tuple(TABLES), default=[t for t in TABLES if t not in SKEWED])
+    parser.add_argument("--partitions", nargs="+", choices=("classes", "dirichlet"), default=["classes"])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2], help="noniid, curve: processes (gloo)")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the loop's 700)")
     parser.add_argument("--train", type=int, default=None, help="training images (default: the loop's 12,000)")
     args = parser.parse_args()
@@ -173,16 +197,16 @@ def main() -> None:
         *(["--train", str(args.train)] if args.train else []),
     ]
     for name in args.tables:
+        if name in SKEWED:
+            for partition in args.partitions:
+                for ranks in args.ranks:
+                    print(f"\n## {name}: --partition {partition}, {ranks} ranks\n")
+                    skew = [*extra, "--partition", partition]
+                    result = table(TABLES[name], args.seeds, args.data_dir, skew, ranks)
+                    (against_ddp if name == "noniid" else curve)(result)
+            continue
         print(f"\n## {name}\n")
         result = table(TABLES[name], args.seeds, args.data_dir, extra)
-        if name == "noniid":
-            ddp = result["DDP"]
-            for label, r in result.items():
-                if label != "DDP":
-                    print(
-                        f"{label}: {100 * (r['accuracy'] - ddp['accuracy']):+.2f} points against DDP at "
-                        f"{r['syncs'] / ddp['syncs']:.3f} of its syncs"
-                    )
         if name == "main":
             ddp, pma = result["DDP"], result["PeriodicModelAverager, period 4"]
             best = max(
@@ -204,6 +228,41 @@ def main() -> None:
             )
     if ABORTS:
         print(f"\n{len(ABORTS)} run(s) aborted at exit and were run again (listed on stderr)")
+
+
+def against_ddp(result: dict[str, dict]) -> None:
+    ddp = result["DDP"]
+    for label, r in result.items():
+        if label != "DDP":
+            print(
+                f"{label}: {100 * (r['accuracy'] - ddp['accuracy']):+.2f} points against DDP at "
+                f"{r['syncs'] / ddp['syncs']:.3f} of its syncs"
+            )
+
+
+def curve(result: dict[str, dict]) -> None:
+    """Accuracy against syncs per period, and the goal checked at every period and schedule."""
+    ddp = result["DDP"]
+    print(f"\nDDP: {ddp['syncs']:.0f} syncs, {100 * ddp['accuracy']:.2f}%\n")
+    print("| period (k1) | " + " | ".join(f"{n} syncs | {n} | {n} + drift" for n, _ in CURVE_SCHEDULES) + " |")
+    print("|---|" + "---|---|---|" * len(CURVE_SCHEDULES))
+    met = []
+    for k in PERIODS:
+        cells = []
+        for name, _ in CURVE_SCHEDULES:
+            plain, drift = result[f"{name} {k}"], result[f"{name} {k}, drift"]
+            cells.append(
+                f"{plain['syncs']:.0f} / {drift['syncs']:.0f} | {100 * plain['accuracy']:.2f} | "
+                f"{100 * drift['accuracy']:.2f}"
+            )
+            gap, gap_plain = drift["accuracy"] - ddp["accuracy"], plain["accuracy"] - ddp["accuracy"]
+            if gap >= -0.005 and drift["syncs"] <= ddp["syncs"] / 4 and gap_plain <= -0.01:
+                met.append(f"{name} {k}: {100 * gap:+.2f} points with drift, {100 * gap_plain:+.2f} without")
+        print(f"| {k} | " + " | ".join(cells) + " |")
+    print(
+        "\ngoal (drift within 0.5 points of DDP at <= 1/4 of its syncs, without drift >= 1 point below): "
+        + ("met by " + "; ".join(met) if met else "not met at any period")
+    )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ stages: T1 ``--T1`` steps, k doubling), ``lrc`` (LR-coupled: k = k1 eta_1 / eta)
 (stlsgd's post-local SGD plan), with ``--gamma`` for STL-SGD^nc's proximal term, ``--outer`` for DiLoCo's outer
 Nesterov step, ``--optimizer-state``, ``--drift`` for drift correction (SCAFFOLD's control variates)).
 ``--partition classes`` gives each process a disjoint set of classes (label skew: 2 processes hold digits 0-4
-and 5-9), each shuffling its own share; ``--lr-schedule warmcos`` is a linear warm-up from 0.1 lr over
+and 5-9, 4 hold 0-2, 3-5, 6-7, 8-9), each shuffling its own share; ``--partition dirichlet`` splits each class
+among the processes in Dirichlet(``--dirichlet-alpha``, default 0.1) proportions drawn with ``--seed``
+(:func:`stlsgd.data.partition.make_partition`); ``--lr-schedule warmcos`` is a linear warm-up from 0.1 lr over
 ``--warmup`` steps, then cosine to 0.
 
 Rank 0 prints one JSON line: all-reduces over the whole group and their bytes (counted at the Python
@@ -126,7 +128,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--lr-schedule", choices=("step", "cosine", "warmcos"), default="step")
     p.add_argument("--warmup", type=int, default=50, help="warmcos: linear warm-up steps")
-    p.add_argument("--partition", choices=("iid", "classes"), default="iid")
+    p.add_argument("--partition", choices=("iid", "classes", "dirichlet"), default="iid")
+    p.add_argument("--dirichlet-alpha", type=float, default=0.1, help="dirichlet: concentration of the label split")
     p.add_argument("--drift", action="store_true", help="stlsgd: drift correction (control variates)")
     p.add_argument("--steps", type=int, default=700)
     p.add_argument("--train", type=int, default=12000)
@@ -198,8 +201,16 @@ def main() -> None:
         mine = torch.tensor_split(torch.arange(10), world)[rank]
         train = Subset(train, torch.nonzero(torch.isin(train.tensors[1], mine)).flatten().tolist())
         sampler = RandomSampler(train, generator=torch.Generator().manual_seed(1000 * args.seed + rank))
+    elif args.partition == "dirichlet":  # label skew drawn per class, the same split on every process
+        from stlsgd.data.partition import make_partition
+
+        split = make_partition(train.tensors[1].numpy(), world, "dirichlet", seed=args.seed, alpha=args.dirichlet_alpha)
+        train = Subset(train, split.client_rows(rank).tolist())
+        sampler = RandomSampler(train, generator=torch.Generator().manual_seed(1000 * args.seed + rank))
     else:
         sampler = DistributedSampler(train, seed=args.seed)
+    if len(train) < 32:  # an empty loader would never reach the last step
+        raise SystemExit(f"dropin_mnist: --partition {args.partition}: rank {rank} holds {len(train)} images (< 32)")
     loader = DataLoader(train, batch_size=32, sampler=sampler, drop_last=True)
 
     started = time.perf_counter()
@@ -248,6 +259,7 @@ def main() -> None:
                     "outer": args.outer,
                     "drift": args.drift,
                     "partition": args.partition,
+                    "dirichlet_alpha": args.dirichlet_alpha if args.partition == "dirichlet" else None,
                     "world": world,
                     "steps": args.steps,
                     "syncs": COUNT["syncs"],
