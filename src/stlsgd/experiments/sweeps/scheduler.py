@@ -98,7 +98,7 @@ class Scheduler:
         return any(r["key"] == spec.key and r["label"] == spec.label and r["status"] != "failed" for r in self.records)
 
     def _keep(self, record: dict[str, Any]) -> None:
-        append_result(self.out, record)
+        record = append_result(self.out, record)
         self.records.append(record)
         self.current.append(record)
         if record["phase"] == "grid" and record["status"] == "reached" and self.sweep.prune:
