@@ -4,8 +4,8 @@ and ``best.json``."""
 from __future__ import annotations
 
 import json
+import logging
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,8 @@ from stlsgd.errors import StlsgdError
 from stlsgd.experiments.records import RECORD_STATUSES, Number, RunSummary, SweepRecord, record_problem
 from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, with_seed
 from stlsgd.files import append_jsonl, write_json_atomic
+
+log = logging.getLogger(__name__)
 
 RESULTS = "results.jsonl"
 BEST = "best.json"
@@ -109,15 +111,12 @@ def read_results(out: Path) -> list[dict[str, Any]]:
         except (json.JSONDecodeError, UnicodeDecodeError):
             last = number == len(lines) or (number == len(lines) - 1 and not lines[-1])
             what = "a last line cut short (a crash or a full disk?)" if last else "a malformed line"
-            print(f"stlsgd: warning: {path}:{number}: skipping {what}", file=sys.stderr)
+            log.warning("%s:%d: skipping %s", path, number, what)
             continue
         try:
             records.append(SweepRecord.model_validate(raw).to_json())
         except ValidationError as err:
-            print(
-                f"stlsgd: warning: {path}:{number}: skipping a line that is not a sweep result ({record_problem(err)})",
-                file=sys.stderr,
-            )
+            log.warning("%s:%d: skipping a line that is not a sweep result (%s)", path, number, record_problem(err))
     return records
 
 
