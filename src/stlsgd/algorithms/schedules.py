@@ -117,7 +117,8 @@ class LRCoupled(_LocalPlan):
     def _memo(self, cursor: Cursor, rnd: Round, feedback: Feedback) -> tuple[float, ...]:
         if cursor.memo or self.lr1 is not None:
             return cursor.memo
-        return (self.lr_at(cursor, feedback),)
+        lr = self.lr_at(cursor, feedback)
+        return () if lr is None else (lr,)  # None cannot come: period_at refused the round already
 
 
 @dataclass

@@ -328,12 +328,12 @@ def run_local_steps(
         raise StlsgdError(
             "run_local_steps: the fit config has no stlsgd_steps (is the server's strategy StlsgdFedAvg?)"
         )
-    steps = int(config[PREFIX + "steps"])  # type: ignore[arg-type]
-    batch = int(config.get(PREFIX + "batch", 1))  # type: ignore[arg-type]
+    steps = int(config[PREFIX + "steps"])
+    batch = int(config.get(PREFIX + "batch", 1))
     if PREFIX + "lrs" in config:
         lrs: list[float] | None = np.frombuffer(config[PREFIX + "lrs"], dtype=np.float64).tolist()  # type: ignore[arg-type]
     elif PREFIX + "lr" in config:
-        lrs = [float(config[PREFIX + "lr"])] * steps  # type: ignore[arg-type]
+        lrs = [float(config[PREFIX + "lr"])] * steps
     else:
         lrs = None
     if lrs is not None and len(lrs) != steps:
@@ -342,9 +342,9 @@ def run_local_steps(
         if lrs is None:
             raise StlsgdError("run_local_steps: the plan has no learning rate of its own: pass your optimizer")
         optimizer = torch.optim.SGD(model.parameters(), lr=lrs[0])
-    gamma = float(config[PREFIX + "gamma"]) if PREFIX + "gamma" in config else None  # type: ignore[arg-type]
+    gamma = float(config[PREFIX + "gamma"]) if PREFIX + "gamma" in config else None
     anchor = _anchor(model, config) if gamma is not None else {}
-    params = [(p, anchor.get(n)) for n, p in model.named_parameters()]
+    params = [(p, anchor[n]) for n, p in model.named_parameters()] if gamma is not None else []
     next_batch = _batch_source(batches)
     model.train()
     first = last = float("nan")
