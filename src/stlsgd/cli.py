@@ -7,8 +7,11 @@ User mistakes (bad config, bad data, missing files, a full or read-only disk) pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from stlsgd.errors import StlsgdError
@@ -289,9 +292,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Lines(logging.Handler):
+    """The library's log records as the command's lines: warnings and errors as ``stlsgd: warning: ...`` on
+    stderr, progress (INFO) as plain lines on stdout. Looks the streams up at each record, so that a redirect
+    (or pytest's capture) made after the handler was installed is honoured."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+            if record.levelno >= logging.WARNING:
+                sys.stderr.write(f"stlsgd: {record.levelname.lower()}: {text}\n")
+            else:
+                sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+        except Exception:  # noqa: BLE001 -- as logging.StreamHandler: a failed write is reported, never raised
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _log_lines() -> Iterator[None]:
+    """Print the ``stlsgd`` logger's records (INFO and up) as the command's lines while a command runs; the
+    library itself only logs, so an application that imports stlsgd decides what is shown."""
+    logger = logging.getLogger("stlsgd")
+    handler, level = _Lines(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    with _log_lines():
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except StlsgdError as exc:

@@ -20,15 +20,17 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import math
 import os
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from stlsgd.errors import StlsgdError
+
+log = logging.getLogger(__name__)
 
 
 def atomic_write(
@@ -131,7 +133,7 @@ def read_jsonl_numbered(path: Path) -> list[tuple[int, Any]]:
         except (json.JSONDecodeError, UnicodeDecodeError):
             last = number == len(lines) or (number == len(lines) - 1 and not lines[-1])
             what = "a last line cut short (a crash or a full disk?)" if last else "a malformed line"
-            print(f"stlsgd: warning: {path}:{number}: skipping {what}", file=sys.stderr)
+            log.warning("%s:%d: skipping %s", path, number, what)
     return records
 
 
@@ -218,7 +220,7 @@ def repair_tail(fh: Any, path: Path) -> None:
             break
         pos -= step
     fh.truncate(pos)
-    print(f"stlsgd: warning: {path}: removed a last line cut short by an earlier crash or full disk", file=sys.stderr)
+    log.warning("%s: removed a last line cut short by an earlier crash or full disk", path)
 
 
 class LockedError(OSError):

@@ -5,6 +5,7 @@ the file and the field. Never a traceback."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -37,15 +38,37 @@ def _stored_copy(tmp_path: Path) -> Path:
     return copy
 
 
-def test_foreign_results_lines_are_skipped_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_foreign_results_lines_are_skipped_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     sweep = _stored_copy(tmp_path)
     good = read_results(sweep)
     capsys.readouterr()
     with open(sweep / "results.jsonl", "a") as fh:
         fh.write("\n".join(FOREIGN) + "\n")
-    assert read_results(sweep) == good
-    err = capsys.readouterr().err.splitlines()
+    with caplog.at_level(logging.WARNING, logger="stlsgd"):
+        assert read_results(sweep) == good
+    # The library logs (its user's logging configuration decides what is shown); it prints nothing itself.
+    assert capsys.readouterr().err == ""
     first = len((STORED / "results.jsonl").read_text().splitlines()) + 1
+    assert [(r.name, r.levelname) for r in caplog.records] == [("stlsgd.experiments.sweeps.results", "WARNING")] * len(
+        FOREIGN
+    )
+    assert [r.getMessage().split(": skipping")[0] for r in caplog.records] == [
+        f"{sweep / 'results.jsonl'}:{first + i}" for i in range(len(FOREIGN))
+    ]
+
+
+def test_the_cli_prints_the_librarys_warnings_as_its_own_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = _stored_copy(tmp_path)
+    with open(sweep / "results.jsonl", "a") as fh:
+        fh.write("\n".join(FOREIGN) + "\n")
+    capsys.readouterr()
+    assert main(["report", str(sweep), "--out", str(tmp_path / "r"), "--network", "datacenter,step=60ns"]) == 0
+    first = len((STORED / "results.jsonl").read_text().splitlines()) + 1
+    err = capsys.readouterr().err.splitlines()
     assert [line.split(": skipping")[0] for line in err] == [
         f"stlsgd: warning: {sweep / 'results.jsonl'}:{first + i}" for i in range(len(FOREIGN))
     ]

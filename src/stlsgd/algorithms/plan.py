@@ -33,7 +33,7 @@ class InverseTime:
     lr: float
     decay: float = 0.0
 
-    def __call__(self, t: np.ndarray) -> np.ndarray:
+    def __call__(self, t: int | np.ndarray) -> np.ndarray:
         return self.lr / (1.0 + self.decay * np.asarray(t, dtype=np.float64))
 
 
@@ -45,7 +45,7 @@ class StepDecay:
     every: int
     factor: float = 0.5
 
-    def __call__(self, t: np.ndarray) -> np.ndarray:
+    def __call__(self, t: int | np.ndarray) -> np.ndarray:
         return self.lr * self.factor ** np.floor_divide(np.asarray(t, dtype=np.int64), self.every).astype(np.float64)
 
 
@@ -57,7 +57,7 @@ class Cosine:
     total: int
     final: float = 0.0
 
-    def __call__(self, t: np.ndarray) -> np.ndarray:
+    def __call__(self, t: int | np.ndarray) -> np.ndarray:
         x = np.minimum(np.asarray(t, dtype=np.float64), self.total) / self.total
         return self.final + (self.lr - self.final) * 0.5 * (1.0 + np.cos(np.pi * x))
 
@@ -182,7 +182,7 @@ class Plan(abc.ABC):
     def describe(self) -> dict[str, object]:
         """The plan's parameters, for summaries and reports."""
         return {
-            k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
+            k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v)
             for k, v in vars(self).items()
             if not k.startswith("_")
         }

@@ -10,14 +10,15 @@ import os
 import stat
 import tomllib
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, Union
 
 import numpy as np
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from stlsgd.algorithms import REGISTRY
-from stlsgd.algorithms.registry import MAX_STEPS
+from stlsgd.algorithms.registry import MAX_STEPS, MethodConfig
+from stlsgd.algorithms.stl_sgd import STLSCConfig
 from stlsgd.errors import ConfigError
 from stlsgd.schema import StrictModel
 
@@ -56,7 +57,10 @@ class ProblemConfig(StrictModel):
 
 
 # The [algorithm] section: one of the registered methods' models, chosen by its `method` field.
-AlgorithmConfig = Annotated[Union[tuple(REGISTRY.values())], Field(discriminator="method")]  # noqa: UP007
+if TYPE_CHECKING:  # the union is built at import from the registry; a type checker sees the common base
+    AlgorithmConfig: TypeAlias = MethodConfig
+else:
+    AlgorithmConfig = Annotated[Union[tuple(REGISTRY.values())], Field(discriminator="method")]  # noqa: UP007
 DEFAULT_METHOD = "stl_sc"
 
 
@@ -84,7 +88,7 @@ class Experiment(StrictModel):
     name: str = "run"
     data: DataConfig = DataConfig()
     problem: ProblemConfig = ProblemConfig()
-    algorithm: AlgorithmConfig = Field(default_factory=lambda: REGISTRY[DEFAULT_METHOD]())
+    algorithm: AlgorithmConfig = Field(default_factory=lambda: REGISTRY[DEFAULT_METHOD].model_validate({}))
     run: RunConfig = RunConfig()
 
     @model_validator(mode="before")
@@ -123,7 +127,7 @@ class Experiment(StrictModel):
             elif self.run.target_gap is not None:
                 raise ValueError("run.target_gap: a network has no known optimum; use run.target_accuracy")
             alg = self.algorithm
-            if alg.method == "stl_sc" and alg.T1 is None and alg.T1_epochs is None:
+            if isinstance(alg, STLSCConfig) and alg.T1 is None and alg.T1_epochs is None:
                 raise ValueError("algorithm.T1: give T1 or T1_epochs (eta_1 T_1 = 1/lambda needs a logistic lambda)")
         else:
             self._check_first_stage()
@@ -140,7 +144,7 @@ class Experiment(StrictModel):
         a lr or lambda so small that T_1 overflows or exceeds any run (lambda defaults to 1/n <= 1, so
         lr_T1 / lr is then a lower bound of T_1)."""
         alg = self.algorithm
-        if alg.method != "stl_sc" or alg.T1 is not None or alg.T1_epochs is not None or getattr(alg, "auto", False):
+        if not isinstance(alg, STLSCConfig) or alg.T1 is not None or alg.T1_epochs is not None or alg.auto:
             return
         lam = self.problem.lam
         with np.errstate(all="ignore"):
@@ -227,7 +231,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=deep)
             if isinstance(key, (str, int, float, bool)) and key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)

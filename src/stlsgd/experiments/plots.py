@@ -21,6 +21,7 @@ What a reader needs from a figure at a glance, and how it is kept the same in ev
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ VARIANT_MARKERS = ("", "o", "^", "s", "D", "v", "P", "X")
 class Curve:
     label: str
     x: list[float]
-    y: list[float]
+    y: Sequence[float | None]  # None: that evaluation lacks the metric (no point drawn)
     method: str = ""  # registry name (``local_sgd``); decides the colour
 
 
@@ -277,7 +278,7 @@ def save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _positive(xs: list[float], ys: list[float], log_x: bool) -> list[tuple[float, float]]:
+def _positive(xs: list[float], ys: Sequence[float | None], log_x: bool) -> list[tuple[float, float]]:
     points = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y) and y > 0]
     return [(x, y) for x, y in points if x > 0] if log_x else points
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,8 @@ from stlsgd.experiments.time_report import (
     unpriced_reason,
 )
 from stlsgd.files import current_umask, read_jsonl_numbered
+
+log = logging.getLogger(__name__)
 
 BASELINE_METHOD = "sync_sgd"
 #: What a report named PREFIX writes: PREFIX + each of these (the files replaced or removed on the next one).
@@ -319,7 +321,7 @@ def time_section(sweeps: list[dict[str, Any]], network: Network, select: str) ->
         lines += [f"- {s['sweep']}: {line}" for line in crossovers(s, network)]
     notes = [f"{s['_dir'] / BEST}: {reason}" for s in sweeps if (reason := unpriced_reason(s)) is not None]
     for note in notes:  # a "—" must never go unexplained
-        print(f"stlsgd: warning: {note}", file=sys.stderr)
+        log.warning("%s", note)
     if notes:
         lines += ["", *(f"Note: {note}" for note in notes)]
     return "\n".join(lines) + "\n"

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from stlsgd.errors import ConfigError, StlsgdError
 from stlsgd.executors.checkpoint import TMP_PREFIX, TMP_SUFFIX, CheckpointError, load_checkpoint, save_checkpoint
 from stlsgd.executors.simulator import RunState
 from stlsgd.experiments.config import Experiment, dump_config, read_raw, validate
+from stlsgd.experiments.records import RunSummary
 from stlsgd.files import LockedError, dumps, lock_directory, open_nofollow, refuse_links, write_json_atomic
 from stlsgd.problems.base import State
 
@@ -218,7 +218,7 @@ class RunDirectory:
             and (out / SUMMARY_FILE).is_file()
             and (not self.keep_params or (out / FINAL_PARAMS_FILE).is_file())
         ):
-            return Start(None, self.checkpoint_every, summary=json.loads((out / SUMMARY_FILE).read_text()))
+            return Start(None, self.checkpoint_every, summary=RunSummary.read(out / SUMMARY_FILE).to_json())
         self.metrics = MetricsLog.resume(
             out / METRICS_FILE, lines=meta["metrics_lines"], size=meta["metrics_bytes"], sha256=meta["metrics_sha256"]
         )
@@ -236,7 +236,7 @@ class RunDirectory:
             }
             save_checkpoint(self.out / CHECKPOINT_FILE, state, meta)
 
-    def finish(self, state: RunState, summary: dict[str, Any]) -> None:
+    def finish(self, state: RunState, summary: RunSummary) -> None:
         """The final checkpoint (so that --resume only completes the files, never reruns), the final
         parameters and the summary."""
         assert self.metrics is not None
@@ -251,7 +251,7 @@ class RunDirectory:
         with _cannot_write(self.out, state.round):
             if self.keep_params:
                 write_final_params(self.out / FINAL_PARAMS_FILE, state.clients)
-            write_json_atomic(self.out / SUMMARY_FILE, summary)
+            write_json_atomic(self.out / SUMMARY_FILE, summary.to_json())
 
     def close(self) -> None:
         """Release the files and the lock (also after a failure, whose error is the one to report: a full disk

@@ -27,6 +27,7 @@ from stlsgd.executors.sampling import Sampler
 from stlsgd.executors.simulator import Callback, RunState, Topology, run
 from stlsgd.experiments.build import Built, build, cache_dir, stop_rule
 from stlsgd.experiments.config import Experiment
+from stlsgd.experiments.records import RunSummary
 from stlsgd.experiments.rundir import CHECKPOINT_FILE, RunDirectory, Start, check_checkpoint_every
 from stlsgd.threads import share_cores
 
@@ -255,7 +256,7 @@ def _rounds(
         return None
     summary = summarize(exp, state, b, fstar, n_clients, job.describe())
     rundir.finish(full, summary)
-    return summary
+    return summary.to_json()
 
 
 def _fault(job: distributed.Place, state: RunState, what: str, every: int | None, out: Path, cause: str = "") -> str:
@@ -298,30 +299,30 @@ def _like(template: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
 
 def summarize(
     exp: Experiment, state: RunState, built: Built, fstar: float | None, num_clients: int, backend: dict[str, Any]
-) -> dict[str, Any]:
+) -> RunSummary:
     """summary.json: the outcome, what the run computed and communicated, the last metrics, the plan and the
-    round rule as run."""
-    return {
-        "name": exp.name,
-        "method": exp.algorithm.method,
-        "status": state.status,
-        "rounds_to_target": state.rounds_to_target,
-        "iterations_to_target": state.iterations_to_target,
-        "rounds": state.round,
-        "iterations": state.iteration,
-        "stages": state.stage,
-        "client_steps": state.client_steps,
-        "bytes": state.bytes,
-        "bytes_per_client": state.bytes // (2 * num_clients),
-        "wall_s": round(state.wall_s, 3),
-        "compute_s": round(state.compute_s, 3),
-        "comm_s": round(state.comm_s, 3),
-        "fstar": fstar,
-        "final": state.last,
-        "plan": built.plan.describe(),
-        "rule": {
+    round rule as run (checked here, where it is written: a missing or mistyped field is refused)."""
+    return RunSummary(
+        name=exp.name,
+        method=exp.algorithm.method,
+        status=state.status,  # type: ignore[arg-type]  # "running" never reaches here: the run has ended
+        rounds_to_target=state.rounds_to_target,
+        iterations_to_target=state.iterations_to_target,
+        rounds=state.round,
+        iterations=state.iteration,
+        stages=state.stage,
+        client_steps=state.client_steps,
+        bytes=state.bytes,
+        bytes_per_client=state.bytes // (2 * num_clients),
+        wall_s=round(state.wall_s, 3),
+        compute_s=round(state.compute_s, 3),
+        comm_s=round(state.comm_s, 3),
+        fstar=fstar,
+        final=state.last,
+        plan=built.plan.describe(),
+        rule={
             "drift": built.rule.drift,
             "outer": None if built.rule.outer is None else dataclasses.asdict(built.rule.outer),
         },
-        "backend": backend,
-    }
+        backend=backend,
+    )

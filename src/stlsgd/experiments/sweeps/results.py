@@ -4,20 +4,23 @@ and ``best.json``."""
 from __future__ import annotations
 
 import json
+import logging
 import statistics
-import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
 from stlsgd.errors import StlsgdError
+from stlsgd.experiments.records import RECORD_STATUSES, Number, RunSummary, SweepRecord, record_problem
 from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, with_seed
 from stlsgd.files import append_jsonl, write_json_atomic
 
+log = logging.getLogger(__name__)
+
 RESULTS = "results.jsonl"
 BEST = "best.json"
-STATUSES = ("reached", "pruned", "budget", "diverged", "failed")
+STATUSES = RECORD_STATUSES
 
 # What a record copies from the run's summary; a config already run under another label reuses them.
 RESULT_FIELDS = (
@@ -38,40 +41,9 @@ RESULT_FIELDS = (
 )
 
 
-Number = StrictInt | StrictFloat
-
-
 class _Strict(BaseModel):
     # Strict: a field of the wrong type is refused, not coerced ("3" is not 3); fields a later stlsgd adds pass.
     model_config = ConfigDict(strict=True, extra="allow")
-
-
-class ResultRecord(_Strict):
-    """One line of ``results.jsonl`` (what the scheduler, the choice of the best and the report read)."""
-
-    key: StrictStr
-    label: StrictStr
-    method: StrictStr | None = None
-    phase: Literal["grid", "seed"]
-    order: StrictInt
-    seed: StrictInt
-    settings: dict[str, Any]
-    status: Literal["reached", "pruned", "budget", "diverged", "failed"]
-    rounds_to_target: StrictInt | None = None
-    iterations_to_target: StrictInt | None = None
-    rounds: StrictInt | None = None
-    iterations: StrictInt | None = None
-    client_steps: StrictInt | None = None
-    bytes_per_client: Number | None = None
-    eval_every: StrictInt | None = None
-    eval_every_iterations: StrictInt | None = None
-    final_gap: Number | None = None
-    final_objective: Number | None = None
-    final_accuracy: Number | None = None
-    num_samples: StrictInt | None = None
-    wall_s: Number | None = None
-    run_dir: StrictStr
-    error: StrictStr | None = None
 
 
 class _SeedBest(_Strict):
@@ -106,19 +78,14 @@ class BestFile(_Strict):
     target_gap: Number | None = None
 
 
-def _where(err: ValidationError) -> str:
-    first = err.errors()[0]
-    field = ".".join(str(x) for x in first["loc"]) or "the record"
-    return f"{field}: {first['msg'].lower()}"
-
-
 def check_best(path: Path, best: Any) -> dict[str, Any]:
     """``best`` (read from ``path``) as a dict with every field the report needs, or a one-line error."""
     try:
         BestFile.model_validate(best)
     except ValidationError as err:
         raise StlsgdError(
-            f"{path}: not a best.json stlsgd sweep wrote ({_where(err)}); rerun `stlsgd sweep` into {path.parent}"
+            f"{path}: not a best.json stlsgd sweep wrote ({record_problem(err)}); "
+            f"rerun `stlsgd sweep` into {path.parent}"
         ) from None
     for label in best["labels"]:
         if label not in best["methods"]:
@@ -144,20 +111,21 @@ def read_results(out: Path) -> list[dict[str, Any]]:
         except (json.JSONDecodeError, UnicodeDecodeError):
             last = number == len(lines) or (number == len(lines) - 1 and not lines[-1])
             what = "a last line cut short (a crash or a full disk?)" if last else "a malformed line"
-            print(f"stlsgd: warning: {path}:{number}: skipping {what}", file=sys.stderr)
+            log.warning("%s:%d: skipping %s", path, number, what)
             continue
         try:
-            records.append(ResultRecord.model_validate(raw).model_dump())
+            records.append(SweepRecord.model_validate(raw).to_json())
         except ValidationError as err:
-            print(
-                f"stlsgd: warning: {path}:{number}: skipping a line that is not a sweep result ({_where(err)})",
-                file=sys.stderr,
-            )
+            log.warning("%s:%d: skipping a line that is not a sweep result (%s)", path, number, record_problem(err))
     return records
 
 
-def append_result(out: Path, record: dict[str, Any]) -> None:
-    append_jsonl(out / RESULTS, record)
+def append_result(out: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """Append ``record`` to ``OUT/results.jsonl`` and return it as written; a record missing a field, or of
+    a wrong type, is refused here (a ValidationError), before the line is written."""
+    line = SweepRecord.model_validate(record).to_json()
+    append_jsonl(out / RESULTS, line)
+    return line
 
 
 def make_record(spec: RunSpec, summary: dict[str, Any] | None, error: str | None) -> dict[str, Any]:
@@ -166,33 +134,36 @@ def make_record(spec: RunSpec, summary: dict[str, Any] | None, error: str | None
     ``client_steps`` and ``bytes_per_client`` are counted at the run's last evaluation: the target when it
     was reached.
     """
-    s = summary or {}
+    # A summary is checked again here: the run may have come back from another process or machine.
+    s = {} if summary is None else RunSummary.model_validate(summary).to_json()
     final = s.get("final") or {}
-    return {
-        "key": spec.key,
-        "label": spec.label,
-        "method": spec.method,
-        "phase": spec.phase,
-        "order": spec.order,
-        "seed": spec.seed,
-        "settings": spec.settings,
-        "status": s.get("status", "failed"),
-        "rounds_to_target": s.get("rounds_to_target"),
-        "iterations_to_target": s.get("iterations_to_target"),
-        "rounds": s.get("rounds"),
-        "iterations": s.get("iterations"),
-        "client_steps": final.get("client_steps"),
-        "bytes_per_client": final.get("bytes_per_client"),
-        "eval_every": spec.config["run"]["eval_every"],
-        "eval_every_iterations": spec.config["run"]["eval_every_iterations"],
-        "final_gap": final.get("gap"),
-        "final_objective": final.get("objective"),
-        "final_accuracy": final.get("accuracy"),
-        "num_samples": s.get("num_samples"),
-        "wall_s": s.get("wall_s"),
-        "run_dir": f"runs/{spec.key}",
-        "error": error,
-    }
+    return SweepRecord.model_validate(
+        {
+            "key": spec.key,
+            "label": spec.label,
+            "method": spec.method,
+            "phase": spec.phase,
+            "order": spec.order,
+            "seed": spec.seed,
+            "settings": spec.settings,
+            "status": s.get("status", "failed"),
+            "rounds_to_target": s.get("rounds_to_target"),
+            "iterations_to_target": s.get("iterations_to_target"),
+            "rounds": s.get("rounds"),
+            "iterations": s.get("iterations"),
+            "client_steps": final.get("client_steps"),
+            "bytes_per_client": final.get("bytes_per_client"),
+            "eval_every": spec.config["run"]["eval_every"],
+            "eval_every_iterations": spec.config["run"]["eval_every_iterations"],
+            "final_gap": final.get("gap"),
+            "final_objective": final.get("objective"),
+            "final_accuracy": final.get("accuracy"),
+            "num_samples": s.get("num_samples"),
+            "wall_s": s.get("wall_s"),
+            "run_dir": f"runs/{spec.key}",
+            "error": error,
+        }
+    ).to_json()
 
 
 def current_records(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ picks per label the setting with the fewest rounds to target, reruns it with the
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import time
@@ -35,6 +36,9 @@ from stlsgd.experiments.sweeps.results import (
 from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, load_sweep, with_seed
 from stlsgd.experiments.sweeps.worker import NO_BOUND, execute, init_worker
 from stlsgd.files import LockedError, lock_directory
+
+# Progress is logged at INFO (the CLI prints it on stdout); warnings at WARNING.
+log = logging.getLogger(__name__)
 
 
 class LocalPool:
@@ -98,7 +102,7 @@ class Scheduler:
         return any(r["key"] == spec.key and r["label"] == spec.label and r["status"] != "failed" for r in self.records)
 
     def _keep(self, record: dict[str, Any]) -> None:
-        append_result(self.out, record)
+        record = append_result(self.out, record)
         self.records.append(record)
         self.current.append(record)
         if record["phase"] == "grid" and record["status"] == "reached" and self.sweep.prune:
@@ -107,7 +111,7 @@ class Scheduler:
         # best.json follows every result, so an interrupted sweep can still be reported (marked incomplete).
         write_best(self.out, self.sweep, self.current, complete=False)
         if not self.quiet:
-            print(f"[{self.done_count}] {describe(record)}", flush=True)
+            log.info("[%d] %s", self.done_count, describe(record))
 
     def run(self, specs: list[RunSpec]) -> None:
         groups: dict[str, list[RunSpec]] = {}
@@ -245,11 +249,17 @@ def _run(sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool, 
     if not quiet:
         for label, info in best["methods"].items():
             if info.get("median") is None:
-                print(f"{label}: did not reach the target ({info['tried']})")
+                log.info("%s: did not reach the target (%s)", label, info["tried"])
             else:
-                print(
-                    f"{label}: median {info['median']} rounds (range {info['min']}-{info['max']}, "
-                    f"{info['seeds_reached']}/{len(sweep.seeds)} seeds) with {info['settings']}"
+                log.info(
+                    "%s: median %s rounds (range %s-%s, %s/%d seeds) with %s",
+                    label,
+                    info["median"],
+                    info["min"],
+                    info["max"],
+                    info["seeds_reached"],
+                    len(sweep.seeds),
+                    info["settings"],
                 )
-        print(f"sweep {sweep.name}: {best['wall_s']:.1f} s; results in {out}/ ({RESULTS}, {BEST}, runs/)")
+        log.info("sweep %s: %.1f s; results in %s/ (%s, %s, runs/)", sweep.name, best["wall_s"], out, RESULTS, BEST)
     return best
