@@ -120,13 +120,21 @@ def group_mean(state: State, num_clients: int, group: dist.ProcessGroup | None =
 def comm_device(device: torch.device, group: dist.ProcessGroup | None) -> torch.device:
     """nccl reduces only CUDA tensors; every other backend here (gloo) is used with CPU tensors."""
     # name(), not dist.get_backend(): it also works for groups built directly (ProcessGroupGloo(store, ...)).
-    if (group if group is not None else dist.group.WORLD).name() == dist.Backend.NCCL:
+    if _group(group).name() == dist.Backend.NCCL:
         return device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
+def _group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    """``group``, or the default group (which exists whenever a collective is asked for)."""
+    chosen = group if group is not None else dist.group.WORLD
+    if chosen is None:
+        raise RuntimeError("no process group: torch.distributed is not initialised")
+    return chosen
+
+
 def _size(group: dist.ProcessGroup | None) -> int:
-    return (group if group is not None else dist.group.WORLD).size()
+    return _group(group).size()
 
 
 def _is_float(value: np.ndarray | torch.Tensor) -> bool:
@@ -206,4 +214,4 @@ class OuterNesterov:
         momentum *= self.momentum
         momentum += delta
         update = delta + self.momentum * momentum if self.nesterov else momentum
-        averaged[...] = start - self.lr * update
+        averaged[...] = start - self.lr * update  # type: ignore[assignment]  # ndarray or tensor alike

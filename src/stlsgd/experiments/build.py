@@ -64,9 +64,10 @@ def stop_rule(exp: Experiment, has_optimum: bool) -> StopRule:
 def round_rule(alg: MethodConfig) -> RoundRule:
     """Drift correction and the outer step of the config's method (local methods only)."""
     outer_lr = getattr(alg, "outer_lr", None)
+    outer_momentum = getattr(alg, "outer_momentum", 0.0)  # local methods only, with outer_lr
     return RoundRule(
         drift=bool(getattr(alg, "drift", False)),  # stl_sc's unset drift (None) is off
-        outer=None if outer_lr is None else OuterNesterov(lr=outer_lr, momentum=alg.outer_momentum),
+        outer=None if outer_lr is None else OuterNesterov(lr=outer_lr, momentum=outer_momentum),
     )
 
 
@@ -166,7 +167,7 @@ def fingerprint(dataset: Dataset, partition: Partition) -> str:
     """BLAKE2 hash of the loaded rows, labels and partition (a second or less on the paper's datasets)."""
     h = hashlib.blake2b(digest_size=16)
     X = dataset.X
-    arrays = (X.indptr, X.indices, X.data) if sp.issparse(X) else (X,)
+    arrays = (X.indptr, X.indices, X.data) if isinstance(X, sp.spmatrix | sp.sparray) else (X,)
     for a in (*arrays, dataset.y, partition.rows, partition.starts, partition.sizes):
         a = np.ascontiguousarray(a)
         h.update(f"{a.dtype}{a.shape}".encode())
@@ -186,7 +187,8 @@ def build(exp: Experiment, data_dir: str | None = None) -> Built:
         raise ConfigError(f"data.{err}") from None
     problem: LogisticRegression | NeuralNetProblem
     problem = net_problem(exp, dataset) if exp.problem.kind == "net" else logistic_problem(exp, dataset)
-    return with_plan(exp, Built(dataset, partition, problem, None, directory, fingerprint(dataset, partition)))
+    unplanned = Built(dataset, partition, problem, None, directory, fingerprint(dataset, partition))  # type: ignore[arg-type]
+    return with_plan(exp, unplanned)  # the plan needs the built data (its size sets T_1 in epochs)
 
 
 def with_plan(exp: Experiment, built: Built) -> Built:

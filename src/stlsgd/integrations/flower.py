@@ -503,7 +503,7 @@ class StlsgdFedAvg(FedAvg):
             (share, float(u.metrics[PREFIX + "loss"]))
             for share, u in zip(shares, updates)
             if PREFIX + "loss" in u.metrics
-        ]  # type: ignore[arg-type]
+        ]
         if losses:
             weight = sum(s for s, _ in losses)
             objective = sum((s / weight) * v for s, v in losses)

@@ -292,9 +292,9 @@ class LogisticRegression:
         args = (W, *self._step_args(rows, lrs, prox))
         delta = None if drift is None else np.ascontiguousarray(drift["w"], dtype=np.float64)
         if rows.size < _PARALLEL_SAMPLES:
-            _client_block(*args, 0, W.shape[0], delta)
+            _client_block(*args, 0, W.shape[0], delta)  # type: ignore[call-arg]  # numba dispatcher
         else:
-            _local_steps(*args, delta, min(numba.get_num_threads(), W.shape[0]))
+            _local_steps(*args, delta, min(numba.get_num_threads(), W.shape[0]))  # type: ignore[call-arg]
 
     def warm_up(self) -> None:
         # Loading the cached kernels initialises LLVM: about a second, once per process. One step of lr 0 on a
