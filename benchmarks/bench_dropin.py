@@ -166,7 +166,8 @@ def table(
     extra: list[str] | None = None,
     ranks: int = 2,
 ) -> dict[str, dict]:
-    print(f"| run | syncs | all-reduce calls | MiB sent | wall s | test accuracy (mean over seeds {seeds}) |")
+    bn = "; after recomputing BN statistics" if extra and "--partition" in extra else ""
+    print(f"| run | syncs | all-reduce calls | MiB sent | wall s | test accuracy (mean over seeds {seeds}{bn}) |")
     print("|---|---|---|---|---|---|")
     out = {}
     for label, args in rows:
@@ -174,9 +175,14 @@ def table(
         acc = [r["accuracy"] for r in runs]
         mean = {k: statistics.mean(r[k] for r in runs) for k in ("syncs", "allreduces", "mbytes", "wall_s")}
         out[label] = {**mean, "accuracy": statistics.mean(acc), "accuracies": acc}
+        cell = f"{100 * statistics.mean(acc):.2f} ({', '.join(f'{100 * a:.2f}' for a in acc)})"
+        if bn:
+            acc_bn = [r["accuracy_bn"] for r in runs]
+            out[label]["accuracy_bn"] = statistics.mean(acc_bn)
+            cell += f"; {100 * statistics.mean(acc_bn):.2f} ({', '.join(f'{100 * a:.2f}' for a in acc_bn)})"
         print(
             f"| {label} | {mean['syncs']:.0f} | {mean['allreduces']:.0f} | {mean['mbytes']:.1f} | "
-            f"{mean['wall_s']:.2f} | {100 * statistics.mean(acc):.2f} ({', '.join(f'{100 * a:.2f}' for a in acc)}) |",
+            f"{mean['wall_s']:.2f} | {cell} |",
             flush=True,
         )
     return out
@@ -203,7 +209,8 @@ def main() -> None:
                     print(f"\n## {name}: --partition {partition}, {ranks} ranks\n")
                     skew = [*extra, "--partition", partition]
                     result = table(TABLES[name], args.seeds, args.data_dir, skew, ranks)
-                    (against_ddp if name == "noniid" else curve)(result)
+                    for key in ("accuracy", "accuracy_bn"):
+                        (against_ddp if name == "noniid" else curve)(result, key)
             continue
         print(f"\n## {name}\n")
         result = table(TABLES[name], args.seeds, args.data_dir, extra)
@@ -230,20 +237,21 @@ def main() -> None:
         print(f"\n{len(ABORTS)} run(s) aborted at exit and were run again (listed on stderr)")
 
 
-def against_ddp(result: dict[str, dict]) -> None:
+def against_ddp(result: dict[str, dict], key: str = "accuracy") -> None:
     ddp = result["DDP"]
+    print(f"\n{key}:")
     for label, r in result.items():
         if label != "DDP":
             print(
-                f"{label}: {100 * (r['accuracy'] - ddp['accuracy']):+.2f} points against DDP at "
+                f"{label}: {100 * (r[key] - ddp[key]):+.2f} points against DDP at "
                 f"{r['syncs'] / ddp['syncs']:.3f} of its syncs"
             )
 
 
-def curve(result: dict[str, dict]) -> None:
-    """Accuracy against syncs per period, and the goal checked at every period and schedule."""
+def curve(result: dict[str, dict], key: str = "accuracy") -> None:
+    """Accuracy (``key``) against syncs per period, and the goal checked at every period and schedule."""
     ddp = result["DDP"]
-    print(f"\nDDP: {ddp['syncs']:.0f} syncs, {100 * ddp['accuracy']:.2f}%\n")
+    print(f"\n{key}: DDP {ddp['syncs']:.0f} syncs, {100 * ddp[key]:.2f}%\n")
     print("| period (k1) | " + " | ".join(f"{n} syncs | {n} | {n} + drift" for n, _ in CURVE_SCHEDULES) + " |")
     print("|---|" + "---|---|---|" * len(CURVE_SCHEDULES))
     met = []
@@ -252,10 +260,9 @@ def curve(result: dict[str, dict]) -> None:
         for name, _ in CURVE_SCHEDULES:
             plain, drift = result[f"{name} {k}"], result[f"{name} {k}, drift"]
             cells.append(
-                f"{plain['syncs']:.0f} / {drift['syncs']:.0f} | {100 * plain['accuracy']:.2f} | "
-                f"{100 * drift['accuracy']:.2f}"
+                f"{plain['syncs']:.0f} / {drift['syncs']:.0f} | {100 * plain[key]:.2f} | {100 * drift[key]:.2f}"
             )
-            gap, gap_plain = drift["accuracy"] - ddp["accuracy"], plain["accuracy"] - ddp["accuracy"]
+            gap, gap_plain = drift[key] - ddp[key], plain[key] - ddp[key]
             if gap >= -0.005 and drift["syncs"] <= ddp["syncs"] / 4 and gap_plain <= -0.01:
                 met.append(f"{name} {k}: {100 * gap:+.2f} points with drift, {100 * gap_plain:+.2f} without")
         print(f"| {k} | " + " | ".join(cells) + " |")

@@ -19,7 +19,11 @@ among the processes in Dirichlet(``--dirichlet-alpha``, default 0.1) proportions
 
 Rank 0 prints one JSON line: all-reduces over the whole group and their bytes (counted at the Python
 collective calls and a counting DDP comm hook), wall time, test accuracy, and whether the processes' models
-(and momentum) agree at the end.
+(and momentum) agree at the end. ``accuracy_bn`` is rank 0's model's test accuracy after its BatchNorm statistics
+are recomputed over all processes' training images (each process passes over its share with torch's
+``update_bn``; the group's mean and variance are combined exactly, uncounted): under label skew DDP keeps rank 0's
+statistics (it broadcasts rank 0's buffers every step) and ``PeriodicModelAverager`` each rank's own, so
+``accuracy`` measures those statistics as much as the weights.
 """
 
 from __future__ import annotations
@@ -245,6 +249,9 @@ def main() -> None:
         else torch.zeros(1)
     )
     gaps = torch.stack([_spread(params), _spread(moms)])
+    recompute_bn(model, train)
+    with torch.no_grad():
+        accuracy_bn = float((model(X).argmax(1) == Y).float().mean())
     if rank == 0:
         label = args.mode if args.mode != "stlsgd" else f"stlsgd {args.schedule}"
         print(
@@ -267,6 +274,7 @@ def main() -> None:
                     "mbytes": COUNT["bytes"] / 2**20,
                     "wall_s": round(wall, 2),
                     "accuracy": accuracy,
+                    "accuracy_bn": accuracy_bn,
                     "param_spread": float(gaps[0]),
                     "momentum_spread": float(gaps[1]),
                 }
@@ -286,6 +294,25 @@ def make_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -
     return lr.SequentialLR(
         optimizer, [warm, lr.CosineAnnealingLR(optimizer, args.steps - args.warmup)], milestones=[args.warmup]
     )
+
+
+def recompute_bn(model: nn.Module, train: torch.utils.data.Dataset) -> None:
+    """BatchNorm statistics of the whole group's training images: each process's exact mean and variance of its
+    share (``update_bn`` with cumulative averaging over one pass), combined as the pooled mean and variance."""
+    from torch.optim.swa_utils import update_bn
+
+    update_bn(DataLoader(train, batch_size=len(train)), model)  # one batch: the share's exact statistics
+    n = torch.tensor([float(len(train))])
+    _ALL_REDUCE(n)
+    for bn in (m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)):
+        mean, var = bn.running_mean, bn.running_var
+        w = len(train) / float(n)
+        box = torch.cat([w * mean, w * (var + mean**2)])
+        _ALL_REDUCE(box)
+        pooled_mean, second = box.chunk(2)
+        mean.copy_(pooled_mean)
+        var.copy_(second - pooled_mean**2)
+    model.eval()
 
 
 def _spread(x: torch.Tensor) -> torch.Tensor:
