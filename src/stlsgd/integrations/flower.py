@@ -248,8 +248,9 @@ class StlsgdFedAvg(FedAvg):
     """FedAvg whose rounds are the rounds of ``plan``, with drift correction on demand and every client update
     checked before it is averaged (see the module docstring).
 
-    ``max_iterations``: stop configuring training once the plan reaches this many local steps (rounds are never
-    cut); :meth:`planned_rounds` counts the rounds that takes. ``drift``: SCAFFOLD's control variates
+    ``max_iterations``: a hard cap on local steps, as ``run.max_iterations`` is for the simulator: the round that
+    would cross it is cut there (the plan driver's rule, ``algorithms.budget``) and no round is configured after
+    it; :meth:`planned_rounds` counts the rounds that takes. ``drift``: SCAFFOLD's control variates
     (Karimireddy et al., ICML 2020, option II), as the simulator's ``RoundRule(drift=True)``. ``example_cap``: a
     client's averaging weight is its ``num_examples`` capped at ``example_cap`` times the round's median count
     (None: FedAvg's raw counts). ``max_update_ratio``: with 3 or more valid updates in a round, one whose
@@ -279,7 +280,7 @@ class StlsgdFedAvg(FedAvg):
         self.plan = plan
         #: The plan's position, the round settled for the clients and the feedback that settled it (the plan
         #: driver every executor uses).
-        self.driver = PlanDriver(plan)
+        self.driver = PlanDriver(plan, max_iterations=max_iterations)
         self.max_iterations = max_iterations
         self.drift = drift
         self.example_cap = example_cap
