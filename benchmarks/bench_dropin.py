@@ -263,7 +263,8 @@ def curve(result: dict[str, dict], key: str = "accuracy") -> None:
                 f"{plain['syncs']:.0f} / {drift['syncs']:.0f} | {100 * plain[key]:.2f} | {100 * drift[key]:.2f}"
             )
             gap, gap_plain = drift[key] - ddp[key], plain[key] - ddp[key]
-            if gap >= -0.005 and drift["syncs"] <= ddp["syncs"] / 4 and gap_plain <= -0.01:
+            # Accuracies are counts of 10,000 test images in float32: a tie with a bound meets it.
+            if gap >= -0.005 - 1e-6 and drift["syncs"] <= ddp["syncs"] / 4 and gap_plain <= -0.01 + 1e-6:
                 met.append(f"{name} {k}: {100 * gap:+.2f} points with drift, {100 * gap_plain:+.2f} without")
         print(f"| {k} | " + " | ".join(cells) + " |")
     print(
