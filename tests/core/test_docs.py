@@ -11,3 +11,11 @@ def test_the_readme_lists_every_registered_method_with_its_fields() -> None:
     text = README.read_text()
     assert methods_table() in text, "README's Methods table differs from `stlsgd methods`: paste its output"
     assert len(REGISTRY) >= 10 and {"stl_sc", "stl_nc", "local_sgd", "lr_coupled", "qsr"} <= set(REGISTRY)
+
+
+def test_ci_runs_the_readmes_test_command_as_written() -> None:
+    """CI must run what a user runs: the README's second command is a line of .ci/run, character for character."""
+    fence = README.read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    test_command = fence.strip().splitlines()[1]
+    ci = (README.parent / ".ci" / "run").read_text().splitlines()
+    assert test_command in ci, (test_command, ci)
