@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationErro
 from stlsgd.errors import StlsgdError
 from stlsgd.experiments.records import RECORD_STATUSES, Number, RunSummary, SweepRecord, record_problem
 from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, with_seed
-from stlsgd.files import append_jsonl, write_json_atomic
+from stlsgd.files import append_jsonl, read_jsonl_numbered, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -97,22 +97,8 @@ def read_results(out: Path) -> list[dict[str, Any]]:
     """Every record of ``OUT/results.jsonl``. A line torn by a crash, or a record that is not a sweep result
     (another tool's line, a hand edit), is skipped with a warning naming the line: its run is simply redone."""
     path = out / RESULTS
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
     records = []
-    lines = data.split(b"\n")
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            raw = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            last = number == len(lines) or (number == len(lines) - 1 and not lines[-1])
-            what = "a last line cut short (a crash or a full disk?)" if last else "a malformed line"
-            log.warning("%s:%d: skipping %s", path, number, what)
-            continue
+    for number, raw in read_jsonl_numbered(path):  # torn and malformed lines: skipped there, with a warning
         try:
             records.append(SweepRecord.model_validate(raw).to_json())
         except ValidationError as err:
