@@ -185,8 +185,12 @@ def open_nofollow(path: Path, mode: str) -> Any:
         "r+b": os.O_RDWR,
         "rb": os.O_RDONLY,
     }[mode]
-    fd = os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
-    return os.fdopen(fd, mode)
+    return os.fdopen(_open_nofollow_fd(path, flags), mode)
+
+
+def _open_nofollow_fd(path: Path, flags: int) -> int:
+    """``os.open`` that refuses a symbolic link at ``path`` (ELOOP): every file stlsgd writes in place."""
+    return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
@@ -241,7 +245,7 @@ def lock_directory(directory: Path, name: str = ".stlsgd.lock") -> int:
     """
     refuse_links(directory)
     path = Path(directory) / name
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+    fd = _open_nofollow_fd(path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as err:
