@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
-import torch
-import torch.distributed as dist
 
 from stlsgd.problems.base import State
 
-Array = Union[np.ndarray, torch.Tensor]  # noqa: UP007 - a runtime alias
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+# torch is imported where a tensor or a process group is met, never at import: a NumPy run (the logistic
+# problem on the simulator, a sweep worker) starts without paying for it.
+Array = Union[np.ndarray, "torch.Tensor"]  # noqa: UP007 - a runtime alias
 
 
 def mean_over_clients(state: State) -> None:
@@ -29,7 +33,7 @@ def mean_over_clients(state: State) -> None:
     for value in state.values():
         if isinstance(value, np.ndarray):
             value[...] = np.ascontiguousarray(value).mean(axis=0, keepdims=True)
-        elif torch.is_floating_point(value):
+        elif value.is_floating_point():
             value.copy_(value.mean(dim=0, keepdim=True).expand_as(value))
         else:
             value.copy_(value[:1].expand_as(value))
@@ -60,6 +64,9 @@ def gather_rows(value: np.ndarray | torch.Tensor, num_clients: int, group: dist.
     """Every rank's rows of a client-stacked array, in rank (= client) order, on every rank (CPU tensor).
 
     One all-gather: every rank knows every share's size from :func:`client_slice`; smaller shares are padded."""
+    import torch
+    import torch.distributed as dist
+
     device = comm_device(torch.device("cpu") if isinstance(value, np.ndarray) else value.device, group)
     world = _size(group)
     counts = [len(range(num_clients)[client_slice(num_clients, world, r)]) for r in range(world)]
@@ -92,6 +99,9 @@ def allreduce_mean(state: State, num_clients: int, group: dist.ProcessGroup | No
     simulator's mean, so results agree to rounding. Integer buffers (BatchNorm's ``num_batches_tracked``)
     advance identically on every client and are left as they are.
     """
+    import torch
+    import torch.distributed as dist
+
     floats = [_as_tensor(v) for v in state.values() if _is_float(v)]
     if not floats:
         return
@@ -113,12 +123,16 @@ def group_mean(state: State, num_clients: int, group: dist.ProcessGroup | None =
     (networks), whose all-clients gather would multiply the traffic by the number of clients."""
     if any(isinstance(v, np.ndarray) for v in state.values()):
         gather_mean(state, num_clients, group)
-    if any(isinstance(v, torch.Tensor) for v in state.values()):
-        allreduce_mean({k: v for k, v in state.items() if isinstance(v, torch.Tensor)}, num_clients, group)
+    tensors = {k: v for k, v in state.items() if not isinstance(v, np.ndarray)}
+    if tensors:
+        allreduce_mean(tensors, num_clients, group)
 
 
 def comm_device(device: torch.device, group: dist.ProcessGroup | None) -> torch.device:
     """nccl reduces only CUDA tensors; every other backend here (gloo) is used with CPU tensors."""
+    import torch
+    import torch.distributed as dist
+
     # name(), not dist.get_backend(): it also works for groups built directly (ProcessGroupGloo(store, ...)).
     if _group(group).name() == dist.Backend.NCCL:
         return device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
@@ -127,6 +141,8 @@ def comm_device(device: torch.device, group: dist.ProcessGroup | None) -> torch.
 
 def _group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
     """``group``, or the default group (which exists whenever a collective is asked for)."""
+    import torch.distributed as dist
+
     chosen = group if group is not None else dist.group.WORLD
     if chosen is None:
         raise RuntimeError("no process group: torch.distributed is not initialised")
@@ -138,10 +154,12 @@ def _size(group: dist.ProcessGroup | None) -> int:
 
 
 def _is_float(value: np.ndarray | torch.Tensor) -> bool:
-    return np.issubdtype(value.dtype, np.floating) if isinstance(value, np.ndarray) else torch.is_floating_point(value)
+    return np.issubdtype(value.dtype, np.floating) if isinstance(value, np.ndarray) else value.is_floating_point()
 
 
 def _as_tensor(value: np.ndarray | torch.Tensor) -> torch.Tensor:
+    import torch
+
     return torch.from_numpy(value) if isinstance(value, np.ndarray) else value
 
 
@@ -178,7 +196,7 @@ def is_finite(state: State) -> bool:
         if isinstance(value, np.ndarray):
             if not np.isfinite(value).all():
                 return False
-        elif torch.is_floating_point(value) and not bool(torch.isfinite(value).all()):
+        elif value.is_floating_point() and not bool(value.isfinite().all()):
             return False
     return True
 

@@ -19,16 +19,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from stlsgd.algorithms.plan import Cursor
 from stlsgd.errors import StlsgdError, brief
 from stlsgd.executors.simulator import RunState
 from stlsgd.files import atomic_write
+
+if TYPE_CHECKING:  # imported by the functions that write or read a checkpoint: a run that never does starts faster
+    import torch
 
 FORMAT = "stlsgd-checkpoint"
 VERSION = 2  # 2: the plan's cursor, the objective fed back to adaptive plans, a checksum
@@ -68,11 +71,18 @@ def _is_array_state(value: Any) -> bool:
     return (
         isinstance(value, dict)
         and bool(value)
-        and all(isinstance(v, (np.ndarray, torch.Tensor)) for v in value.values())
+        and all(isinstance(v, np.ndarray) or _is_tensor(v) for v in value.values())
     )
 
 
+def _is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")  # no tensor exists before torch is imported
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
 def _to_tensor(value: np.ndarray | torch.Tensor) -> torch.Tensor:
+    import torch
+
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True).contiguous()
     # torch.from_numpy shares memory and keeps the exact bits; the copy detaches it from the live state.
@@ -86,6 +96,8 @@ def save_checkpoint(path: Path, state: RunState, meta: dict[str, Any]) -> None:
     ``os.replace``; the directory is fsynced last. A reader (or a run killed at any instant) therefore
     sees either the previous checkpoint or the new one, never a mix.
     """
+    import torch
+
     path = Path(path)
     tensors: dict[str, torch.Tensor] = {}
     arrays: dict[str, dict[str, str]] = {}  # field -> key -> "numpy" | "torch"
@@ -114,6 +126,8 @@ def load_checkpoint(path: Path) -> tuple[RunState, dict[str, Any]]:
     NumPy arrays come back as writable NumPy arrays and tensors as CPU tensors (move them to a device
     yourself). Any unreadable or foreign file raises :class:`CheckpointError` naming ``path``.
     """
+    import torch
+
     path = Path(path)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
@@ -160,6 +174,8 @@ def load_checkpoint(path: Path) -> tuple[RunState, dict[str, Any]]:
 
 def _digest(text: str, tensors: dict[str, torch.Tensor]) -> str:
     """SHA-256 of the JSON text and of every tensor's name, dtype, shape and bytes, in name order."""
+    import torch
+
     h = hashlib.sha256(text.encode())
     for name in sorted(tensors):
         t = tensors[name]

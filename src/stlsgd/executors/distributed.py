@@ -24,15 +24,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stlsgd.errors import ConfigError, StlsgdError
 from stlsgd.executors.averaging import client_slice, comm_device, gather_clients, group_mean
 from stlsgd.executors.simulator import LOCAL, STATUSES, RunState, Topology
 from stlsgd.problems.base import State
+
+if TYPE_CHECKING:  # imported where a process group is met: a run alone never loads torch.distributed
+    import torch.distributed as dist
 
 TIMEOUT_ENV = "STLSGD_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 30.0
@@ -49,6 +49,8 @@ class CollectiveFailure(StlsgdError):
 
 def resolve_comm_backend(choice: str) -> str:
     """``auto``: nccl when CUDA is available, gloo otherwise; an explicit choice is checked."""
+    import torch
+
     if choice == "auto":
         return "nccl" if torch.cuda.is_available() else "gloo"
     if choice == "nccl" and not torch.cuda.is_available():
@@ -128,6 +130,8 @@ class Place:
         return LOCAL if self.group is None else make_topology(num_clients, self.group, self.delay_s)
 
     def close(self) -> None:
+        import torch.distributed as dist
+
         if self.owns_default:
             dist.destroy_process_group()
         elif self.owns_group and self.group is not None:
@@ -147,6 +151,9 @@ def join(comm_backend: str = "auto", group: dist.ProcessGroup | None = None, *, 
     an existing one is used as it is, and nothing is left for the interpreter's exit to tear down out of order.
     A caller's own ``group`` is used as it is.
     """
+    import torch
+    import torch.distributed as dist
+
     timeout = collective_timeout()
     if group is not None:
         return Place(group, group.name())
@@ -168,6 +175,8 @@ def join(comm_backend: str = "auto", group: dist.ProcessGroup | None = None, *, 
 def locate(group: dist.ProcessGroup | None = None) -> Place:
     """Where a training loop that stlsgd joins runs (the drop-in): the caller's ``group``; the default group
     when one exists or torchrun launched this process (joined, untimed); else alone."""
+    import torch.distributed as dist
+
     if group is not None or dist.is_initialized() or launched():
         return join(group=group, timed_group=False)
     return ALONE
@@ -178,6 +187,9 @@ def make_topology(num_clients: int, group: dist.ProcessGroup | None = None, dela
 
     ``delay_s`` is a latency injected before every average (to measure how a run's time grows with the
     network's latency, ``--inject-latency``): every rank waits it out before the collective."""
+    import torch
+    import torch.distributed as dist
+
     pg = group if group is not None else dist.group.WORLD
     assert pg is not None, "make_topology needs a process group"
     rank, world = pg.rank(), pg.size()
@@ -243,6 +255,8 @@ def collectively(fn: Callable[[], T], group: dist.ProcessGroup | None = None) ->
     Without this a bad config or a missing data file on one machine leaves the others waiting in their
     next collective.
     """
+    import torch.distributed as dist
+
     error: str | None = None
     result: Any = None
     own: BaseException | None = None
@@ -265,6 +279,8 @@ def collectively(fn: Callable[[], T], group: dist.ProcessGroup | None = None) ->
 
 def broadcast_object(obj: T | None, group: dist.ProcessGroup | None = None) -> T:
     """Rank 0's ``obj`` on every rank (pickled; used once per run, for the starting state)."""
+    import torch.distributed as dist
+
     box = [obj]
     dist.broadcast_object_list(box, group_src=0, group=group)
     return box[0]  # type: ignore[return-value]
@@ -273,7 +289,8 @@ def broadcast_object(obj: T | None, group: dist.ProcessGroup | None = None) -> T
 def is_comm_failure(exc: BaseException) -> bool:
     """Whether an exception raised in a collective means the group is lost (gloo reports a closed peer socket
     as a plain RuntimeError)."""
-    if isinstance(exc, dist.DistError):
+    dist = sys.modules.get("torch.distributed")  # not loaded: no collective ran, so none failed
+    if dist is not None and isinstance(exc, dist.DistError):
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(

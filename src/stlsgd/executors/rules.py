@@ -21,13 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 
 from stlsgd.errors import StlsgdError
 from stlsgd.executors.averaging import Array, OuterNesterov
+
+if TYPE_CHECKING:  # torch is needed only where tensors are met (see stlsgd.executors.averaging)
+    import torch
 
 OptimizerState = Literal["average", "keep", "reset"]
 OPTIMIZER_STATES: tuple[str, ...] = ("average", "keep", "reset")
@@ -64,6 +66,8 @@ def add_proximal(
     """In place: g += (x - x_s) / gamma, the gradient of 1/(2 gamma) ||x - x_s||^2 (Algorithm 3's proximal
     term; parameters only, never buffers)."""
     if grads:
+        import torch
+
         torch._foreach_add_(grads, torch._foreach_sub([p.detach() for p in params], anchor), alpha=1.0 / gamma)
 
 
@@ -118,6 +122,8 @@ def check_optimizer_state(policy: str) -> None:
 def optimizer_moments(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The optimizer's state tensors shaped like their parameters (SGD's momentum, Adam's moments): what the
     optimizer-state policy averages or resets."""
+    import torch
+
     out = []
     for p in params:
         for value in optimizer.state.get(p, {}).values():

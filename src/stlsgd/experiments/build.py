@@ -11,6 +11,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import platformdirs
@@ -24,7 +25,9 @@ from stlsgd.executors.averaging import OuterNesterov
 from stlsgd.executors.simulator import PLAIN, RoundRule, StopRule
 from stlsgd.experiments.config import Experiment
 from stlsgd.problems.logistic import LogisticRegression
-from stlsgd.problems.neural import NeuralNetProblem
+
+if TYPE_CHECKING:  # torch is loaded only for a network problem (net_problem)
+    from stlsgd.problems.neural import NeuralNetProblem
 
 # Newton's method for the exact optimum f* solves with a dense d x d Hessian.
 MAX_NEWTON_FEATURES = 20_000
@@ -85,6 +88,10 @@ def net_problem(exp: Experiment, dataset: Dataset) -> NeuralNetProblem:
     """A network on an image dataset (Section 5), the images standardised per channel unless disabled."""
     from stlsgd.data import normalize_channels
     from stlsgd.problems.nets import make_model
+    from stlsgd.problems.neural import NeuralNetProblem
+    from stlsgd.threads import torch_threads
+
+    torch_threads()  # this process's share of the cores (a sweep worker's, a rank's), now that torch is in
 
     p = exp.problem
     if not (isinstance(dataset.X, np.ndarray) and dataset.X.ndim == 4):

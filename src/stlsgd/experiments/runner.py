@@ -285,14 +285,14 @@ def _full(state: RunState, num_clients: int, topology: Topology) -> RunState:
 def _like(template: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     """``values`` converted to the array type, dtype and device of this process's freshly built ``template``
     (``values`` may hold part of its keys: the control variates are the parameters' only)."""
-    import torch
-
     out: dict[str, Any] = {}
     for key, value in values.items():
         ref = template[key]
-        if isinstance(ref, np.ndarray):
-            out[key] = np.asarray(value.cpu().numpy() if isinstance(value, torch.Tensor) else value, dtype=ref.dtype)
+        if isinstance(ref, np.ndarray):  # a NumPy run needs no torch (a tensor here came from a checkpoint)
+            out[key] = np.asarray(value if isinstance(value, np.ndarray) else value.cpu().numpy(), dtype=ref.dtype)
         else:
+            import torch
+
             out[key] = torch.as_tensor(value).to(device=ref.device, dtype=ref.dtype)
     return out
 
