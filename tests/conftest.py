@@ -13,6 +13,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.name in LAUNCHING:
             item.add_marker(pytest.mark.launch)
+        # The simulator-vs-torchrun comparisons share one torchrun launch per world size (a session fixture):
+        # under pytest-xdist (`-n`, `--dist loadgroup`, as .ci/checks runs) they all go to one worker, which
+        # launches each world size once.
+        if "dist_runs" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("torchrun"))
 
 
 @pytest.fixture(scope="session")
