@@ -455,12 +455,11 @@ def update_rel_diff(before: dict[str, Any], state: dict[str, Any], models: list[
 
 def timed_calls(fn: Callable[[Any], None], size: BenchSize, rng: Any, device: Any) -> list[float]:
     """Seconds of each timed call of ``fn`` on fresh rows, after the warm-up calls, synchronised around each."""
-    draw = lambda: rng.integers(0, size.samples, (size.steps, size.clients, size.batch))  # noqa: E731
     for _ in range(size.warmup):
-        fn(draw())
+        fn(rng.integers(0, size.samples, (size.steps, size.clients, size.batch)))
     times = []
     for _ in range(size.repeats):
-        rows = draw()
+        rows = rng.integers(0, size.samples, (size.steps, size.clients, size.batch))
         _sync(device)
         t0 = time.perf_counter()
         fn(rows)
@@ -475,8 +474,13 @@ def bench_model(name: ModelName, size: BenchSize, device: Any) -> dict[str, Any]
 
     lr = 0.01
     problem, state, models = bench_setup(name, size, device, lr)
-    vmap = lambda rows: problem.local_steps(state, rows, np.full(rows.shape[0], lr), None)  # noqa: E731
-    loop = lambda rows: loop_steps(models, problem, rows, device)  # noqa: E731
+
+    def vmap(rows: Any) -> None:
+        problem.local_steps(state, rows, np.full(rows.shape[0], lr), None)
+
+    def loop(rows: Any) -> None:
+        loop_steps(models, problem, rows, device)
+
     # Agreement: one step from the same x_0 on the same rows must give the same update.
     rng = np.random.default_rng(0)
     before = {k: v.detach().clone() for k, v in state.items() if v.is_floating_point()}
@@ -625,7 +629,10 @@ def stage_data(check: Check, dataset: str, per_iteration: int, limit: int | None
     n_config = IMAGE_SET_SIZES.get(dataset)
     if n_config is None:
         raise ValueError(f"data.dataset {dataset!r}: unknown training-set size (known: {', '.join(IMAGE_SET_SIZES)})")
-    cut = lambda n: min(n, limit) if limit else n  # noqa: E731
+
+    def cut(n: int) -> int:
+        return min(n, limit) if limit else n
+
     data_dir = check.data_dir
     if dataset == "cifar10" and data_dir is not None and dataset_present(data_dir, "cifar10"):
         return StageData("cifar10", dataset, data_dir, cut(n_config), f"the config's own dataset, found in {data_dir}")
@@ -949,16 +956,23 @@ def compare_runs(sim: Path, dist: Path) -> dict[str, Any]:
     }
 
 
+def _within_rtol(x: float | None) -> bool:
+    return x is not None and x <= PARAM_RTOL
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
 def comparison_checks(c: dict[str, Any], comm: str, nproc: int) -> dict[str, bool]:
     """What must hold: the same summary, evaluations and parameters, bit for bit, on the backend asked for."""
-    within = lambda x: x is not None and x <= PARAM_RTOL  # noqa: E731
     backend = c["dist_backend"]
     return {f"{k} equal": v["equal"] for k, v in c["compared"].items()} | {
         "same evaluation rounds": c["same_evaluation_rounds"],
         "same param arrays": c["params_same_keys"],
-        "first evaluation within rtol": within(c["first_evaluation_rel_diff"]),
-        "final objective within rtol": within(c["final_objective"]["rel_diff"]),
-        "params within rtol": within(c["params_max_rel_diff"]),
+        "first evaluation within rtol": _within_rtol(c["first_evaluation_rel_diff"]),
+        "final objective within rtol": _within_rtol(c["final_objective"]["rel_diff"]),
+        "params within rtol": _within_rtol(c["params_max_rel_diff"]),
         "executor dist": backend.get("executor") == "dist",
         f"comm {comm}": backend.get("comm") == comm,
         f"world size {nproc}": backend.get("world_size") == nproc,
@@ -973,11 +987,10 @@ def print_comparison(c: dict[str, Any], failed: list[str]) -> None:
             f"    {side:<4}: {s['status']} after {s['rounds']} rounds ({s['iterations']} iterations), objective "
             f"{c['final_objective'][side]}{backend}"
         )
-    fmt = lambda x, spec: "n/a" if x is None else format(x, spec)  # noqa: E731
     beyond = c["first_round_beyond_rtol"]
     say(
-        f"    first evaluation rel diff {fmt(c['first_evaluation_rel_diff'], '.1e')}; final objective rel diff "
-        f"{fmt(c['final_objective']['rel_diff'], '.2e')}, final_params max rel diff {c['params_max_rel_diff']:.2e} "
+        f"    first evaluation rel diff {_fmt(c['first_evaluation_rel_diff'], '.1e')}; final objective rel diff "
+        f"{_fmt(c['final_objective']['rel_diff'], '.2e')}, final_params max rel diff {c['params_max_rel_diff']:.2e} "
         f"({len(c['params_rel_diff_per_array'])} arrays)"
         + (f"; beyond {PARAM_RTOL:g} from round {beyond} on" if beyond is not None else "")
         + f": {'OK' if not failed else 'DIFFERENT: ' + ', '.join(failed)}"

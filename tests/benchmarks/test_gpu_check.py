@@ -217,3 +217,35 @@ def test_the_column_counts_every_grid_run_and_every_extra_seed_at_its_budget(
     ]
     assert [r["epochs"] for r in column["rows"]] == [3.0, 4.0] and column["epochs"] == 7.0
     assert [r["evaluations"] for r in column["rows"]] == [300, 145] and column["evaluations"] == 445
+
+
+@pytest.mark.parametrize(
+    ("mode", "present", "expected"),
+    [
+        # The config's own CIFAR-10 when the data dir holds its five batches (max_samples 8 cuts it).
+        ("dry-run", "cifar10", ("cifar10", "cifar10", 8)),
+        # cifar10-png200 when its 200 images hold one iteration (the dry run: 2 clients x 2 images) ...
+        ("dry-run", "cifar10-png200", ("cifar10-png200", "cifar10-png200", 8)),
+        # ... but not on a GPU, where budgets and T1 count epochs of 50,000 images: synthetic ones instead.
+        ("gpu", "cifar10-png200", ("synthetic", "cifar10", 8)),
+        ("dry-run", None, ("synthetic", "cifar10", 8)),
+    ],
+)
+def test_the_stage_runs_on_the_config_s_data_else_a_stand_in_that_fits(
+    gpu_check: ModuleType, tmp_path: Path, mode: str, present: str | None, expected: tuple[str, str, int]
+) -> None:
+    from stlsgd.data.registry import DATASETS
+
+    data = tmp_path / "data"
+    for rel in DATASETS[present].paths if present else ():
+        (data / rel).parent.mkdir(parents=True, exist_ok=True)
+        (data / rel).write_bytes(b"")  # only their presence is looked at
+    data.mkdir(exist_ok=True)
+    args = gpu_check.parse_args(["--out", str(tmp_path / "out"), "--data-dir", str(data)])
+    check = gpu_check.make_check(args, mode, "", gpu_check.run_cmd)
+    check.sizes = dataclasses.replace(check.sizes, synthetic_images=10)
+    chosen = gpu_check.stage_data(check, "cifar10", per_iteration=4, limit=8)
+    assert (chosen.source, chosen.dataset, chosen.images) == expected
+    if chosen.synthetic:  # written where the registry looks for cifar10, and readable as such
+        assert gpu_check.dataset_present(chosen.data_dir, "cifar10")
+        assert DATASETS["cifar10"].load(chosen.data_dir).X.shape == (10, 3, 32, 32)
