@@ -713,6 +713,16 @@ def plan_stage(check: Check, spec: RunSpec, work: Path) -> Stage:
     return Stage(spec, config_file, overrides, data, exp, T1, cap)
 
 
+def read_run(out: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """A run directory's metrics lines and its summary (None: not written, as by a run stopped at its timeout),
+    read through the library's own record of them."""
+    from stlsgd.experiments.records import RunSummary
+    from stlsgd.experiments.rundir import METRICS_FILE, SUMMARY_FILE
+
+    summary = out / SUMMARY_FILE
+    return read_jsonl(out / METRICS_FILE), RunSummary.read(summary).to_json() if summary.is_file() else None
+
+
 def stage_timing(metrics: list[dict[str, Any]], summary: dict[str, Any] | None) -> dict[str, Any] | None:
     """Seconds per iteration in the steady state: from the first evaluation line to the last (warm-up excluded,
     the evaluations the config schedules included); else over the whole run. None: no iterations recorded."""
@@ -749,8 +759,7 @@ def run_stage(check: Check, stage: Stage, work: Path) -> tuple[Launched, list[di
     say(f"  $ {res.cmd}\n  -> rc {res.rc}{late}, {res.wall_s:.1f} s")
     if stage.data.synthetic:
         shutil.rmtree(stage.data.data_dir, ignore_errors=True)
-    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else None
-    return res, read_jsonl(out / "metrics.jsonl"), summary
+    return res, *read_run(out)
 
 
 COLUMN_FORMULA = (
@@ -931,11 +940,14 @@ def compare_runs(sim: Path, dist: Path) -> dict[str, Any]:
     """Two run directories of one config compared: summaries, every evaluation's objective, final_params."""
     import numpy as np
 
-    s, d = (json.loads((p / "summary.json").read_text()) for p in (sim, dist))
-    sm, dm = read_jsonl(sim / "metrics.jsonl"), read_jsonl(dist / "metrics.jsonl")
+    from stlsgd.experiments.rundir import FINAL_PARAMS_FILE
+
+    (sm, s), (dm, d) = read_run(sim), read_run(dist)
+    if s is None or d is None:
+        raise ValueError(f"{sim if s is None else dist}: no summary.json written")
     obj_s, obj_d = (s.get("final") or {}).get("objective"), (d.get("final") or {}).get("objective")
     per_round = [abs(a["objective"] - b["objective"]) / max(abs(a["objective"]), 1e-300) for a, b in zip(sm, dm)]
-    with np.load(sim / "final_params.npz") as sp, np.load(dist / "final_params.npz") as dp:
+    with np.load(sim / FINAL_PARAMS_FILE) as sp, np.load(dist / FINAL_PARAMS_FILE) as dp:
         same_keys = sorted(sp.files) == sorted(dp.files)
         per_array = {k: max_rel_diff(dp[k], sp[k]) for k in sp.files if k in dp.files}
     obj_rel = abs(obj_d - obj_s) / max(abs(obj_s), 1e-300) if obj_s is not None and obj_d is not None else None
