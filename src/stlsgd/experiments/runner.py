@@ -289,6 +289,8 @@ def _sparse(exp: Experiment, b: Built, fstar: float | None, every: int | None) -
     ):
         return None
     floor, target = floor_for(b.problem, cache_dir()), r.target_gap
+    if floor.fstar != fstar:  # the bound is on the gap to the floor's f*: it must be the run's
+        return None
     return Sparse(lambda clients: floor.excludes(clients["w"][0], target), keep_every=every * r.eval_every)
 
 
