@@ -271,6 +271,10 @@ def _rounds(
     return summary.to_json()
 
 
+# The bound keeps a d x d factor of the Hessian at x* (8 d^2 bytes: 128 MiB here) and takes O(d^2) a point.
+MAX_FLOOR_DIM = 4096
+
+
 def _sparse(exp: Experiment, b: Built, fstar: float | None, every: int | None) -> Sparse | None:
     """Sparse evaluation for this run, or None where it does not apply.
 
@@ -286,6 +290,7 @@ def _sparse(exp: Experiment, b: Built, fstar: float | None, every: int | None) -
         or r.target_accuracy is not None
         or b.plan.adaptive
         or not isinstance(b.problem, LogisticRegression)
+        or b.problem.dim > MAX_FLOOR_DIM
     ):
         return None
     floor, target = floor_for(b.problem, cache_dir()), r.target_gap
