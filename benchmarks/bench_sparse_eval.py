@@ -1,10 +1,12 @@
 """One stored sweep setting run densely (every due evaluation) and sparsely (as sweep runs now do), alternately.
 
     .venv/bin/python benchmarks/bench_sparse_eval.py --data-dir ../shared/data --sweep table2_a9a_noniid \
-        --label "Local SGD" --settings '{"lr": 3.2, "lr_decay": 0.001, "k": 20}' [--seed 0] [--repeats 3]
+        --label "Local SGD" --settings '{"lr": 3.2, "lr_decay": 0.001, "k": 20}' [--seed 0] [--repeats 3] \
+        [--prune-after R]
 
 Both runs go through the sweep worker's path (data, partition, problem and f* built once, one numba thread as a
-sweep worker with --jobs 2 has) after one warm-up run; prints each run's own time (summary wall_s: the round loop,
+sweep worker with --jobs 2 has) after one warm-up run; ``--prune-after R`` prunes them after round R, as a sweep
+whose row has a finished run of R rounds does; prints each run's own time (summary wall_s: the round loop,
 no start-up), its evaluations, the medians and their ratio, and checks that the outcomes are the same.
 """
 
@@ -36,6 +38,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2, help="cores shared as a sweep with --jobs N shares them")
+    parser.add_argument("--prune-after", type=int, default=None, help="prune the runs after this round")
     args = parser.parse_args()
     share_cores(args.jobs)
     settings = json.loads(args.settings)
@@ -46,12 +49,17 @@ def main() -> None:
     built = _built_for(exp, args.data_dir)
     times: dict[str, list[float]] = {"dense": [], "sparse": []}
     outcomes: dict[str, Any] = {}
+    bound = args.prune_after
+
+    def on_round(st: Any, rnd: Any) -> str | None:
+        return "pruned" if bound is not None and st.round > bound else None
+
     with tempfile.TemporaryDirectory() as tmp:
-        run_experiment(exp, Path(tmp) / "warm", built=built, progress=False, sparse_eval=KEEP_EVERY)
+        run_experiment(exp, Path(tmp) / "warm", built=built, progress=False, sparse_eval=KEEP_EVERY, on_round=on_round)
         for i in range(args.repeats):
             for mode, sparse_eval in (("dense", None), ("sparse", KEEP_EVERY)):
                 out = Path(tmp) / f"{mode}{i}"
-                s = run_experiment(exp, out, built=built, progress=False, sparse_eval=sparse_eval)
+                s = run_experiment(exp, out, built=built, progress=False, sparse_eval=sparse_eval, on_round=on_round)
                 assert s is not None
                 lines = len((out / "metrics.jsonl").read_text().splitlines())
                 times[mode].append(s["wall_s"])
