@@ -72,6 +72,25 @@ class StopRule:
 
 
 @dataclass
+class Sparse:
+    """Opt-in (sweeps): skip a due evaluation when it provably cannot end the run, without changing any outcome.
+
+    ``excludes(clients)`` must prove that evaluating the averaged model (row 0 of ``clients``) would find the
+    stop rule unmet and the objective finite (e.g. :class:`stlsgd.problems.bounds.GapFloor`: gap proved above
+    the target). Steps never read an evaluation (non-adaptive plans only), so every round, the round and
+    iteration a run stops at, its status and its final model stay what evaluating at every due point gives; only
+    ``metrics.jsonl`` has fewer lines. A due point at a multiple of ``keep_every`` rounds is evaluated anyway
+    (a coarse curve; 0: none). The last skipped point is evaluated at the end of a run that ended without an
+    evaluation after it (pruned, or diverged), so the run's last metrics are today's too.
+    """
+
+    excludes: Callable[[State], bool]
+    keep_every: int = 0
+    #: Evaluations skipped so far (the run's count once it has returned).
+    skipped: int = 0
+
+
+@dataclass
 class RunState:
     """Everything needed to continue a run exactly: a checkpoint saves this and nothing else.
 
@@ -177,6 +196,9 @@ class _Loop:
     started: float
     num_clients: int
     rule: RoundRule
+    sparse: Sparse | None = None
+    #: The last evaluation skipped by ``sparse``: its metrics line (no evaluation yet) and its averaged model.
+    pending: tuple[dict[str, Any], State] | None = None
 
     def feedback(self, state: RunState) -> Feedback:
         return Feedback(objective=state.objective) if self.plan.adaptive else NO_FEEDBACK
@@ -196,13 +218,18 @@ def run(
     topology: Topology = LOCAL,
     align: int | None = None,
     rule: RoundRule = PLAIN,
+    sparse: Sparse | None = None,
 ) -> RunState:
     """Run ``plan`` from ``state`` until a stop rule fires; returns the final state (status set).
 
     ``state.clients`` holds the clients of ``topology.clients`` (all of them by default). ``on_round`` is
     called after every round, except inside a group of fused k = 1 rounds (see :func:`_groups`), where it sees
     the group's last round; groups end at every multiple of ``align`` rounds, so a caller that checkpoints
-    every ``align`` rounds sees each of those rounds."""
+    every ``align`` rounds sees each of those rounds. ``sparse`` skips the evaluations it proves useless
+    (:class:`Sparse`); it is ignored (every due point evaluated) for adaptive plans, which read the
+    objective, for an accuracy target, and where this process does not hold every client."""
+    if plan.adaptive or stop.target_accuracy is not None or not topology.holds_all:
+        sparse = None
     sampler.set_state(state.sampler_state)
     loop = _Loop(
         plan,
@@ -215,6 +242,7 @@ def run(
         time.perf_counter() - state.wall_s,
         sampler.partition.num_clients,
         rule,
+        sparse,
     )
     if rule.drift and state.control is None:
         zeros = {k: zeros_like(state.clients[k]) for k in problem.param_names}
@@ -264,6 +292,12 @@ def run(
                 break
     finally:
         bar.close()
+    if loop.pending is not None and loop.pending[0]["round"] > state.last.get("round", -1):
+        # The run ended (pruned, diverged) after a skipped evaluation and before another: evaluating every
+        # due point would have made that one its last metrics line.
+        _evaluate(loop, state, *loop.pending)
+        if loop.sparse is not None:
+            loop.sparse.skipped -= 1
     if topology.is_root and state.status == "budget" and state.last.get("round") != state.round:
         # The budget ended the run between evaluations: record the final model once more.
         last = rnd or plan.next_round(state.cursor, loop.feedback(state))
@@ -355,6 +389,8 @@ def _evaluate_if_due(loop: _Loop, rnd: Round, lr: float, state: RunState) -> boo
     diverged = not is_finite(state.clients)
     if not (diverged or budget_next or stop.due(state.round, state.iteration, state.last_eval_iteration)):
         return False
+    if not (diverged or budget_next) and _skip(loop, rnd, lr, state):
+        return False
     finished = _verdict(loop, rnd, lr, state, diverged, budget_next) if loop.topology.is_root else False
     return loop.topology.agree(state, finished)
 
@@ -381,19 +417,32 @@ def _verdict(loop: _Loop, rnd: Round, lr: float, state: RunState, diverged: bool
     return False
 
 
-def _record(loop: _Loop, rnd: Round, lr: float, state: RunState) -> dict[str, Any]:
-    """Evaluate the averaged model and pass one metrics line on (finite ones only)."""
-    ev = loop.problem.evaluate(state.clients)
-    metrics = {
+def _skip(loop: _Loop, rnd: Round, lr: float, state: RunState) -> bool:
+    """Whether this due evaluation is skipped (:class:`Sparse`); if so it counts as done for the schedule."""
+    sparse = loop.sparse
+    if sparse is None or (sparse.keep_every and state.round % sparse.keep_every == 0):
+        return False
+    if not sparse.excludes(state.clients):
+        return False
+    # Due points by iteration count from the last evaluation: a skipped one moves that mark as an evaluation would.
+    state.last_eval_iteration = state.iteration
+    sparse.skipped += 1
+    loop.pending = (_line(loop, rnd, lr, state), copy_state({k: v[:1] for k, v in state.clients.items()}))
+    return True
+
+
+def _line(loop: _Loop, rnd: Round, lr: float, state: RunState) -> dict[str, Any]:
+    """The metrics line of the state as it is now, its evaluation (objective, gap, accuracy) left to fill."""
+    return {
         "round": state.round,
         "iteration": state.iteration,
         "stage": rnd.stage,
         "lr": lr,
         "period": rnd.steps,  # the round's actual length (a stage's last round, or one cut at the budget)
         "batch": rnd.batch,
-        "objective": ev.objective,
-        "gap": None if loop.fstar is None else ev.objective - loop.fstar,
-        "accuracy": ev.accuracy,
+        "objective": None,
+        "gap": None,
+        "accuracy": None,
         "client_steps": state.client_steps,
         "epochs": state.client_steps * loop.num_clients / loop.problem.num_samples,
         "bytes": state.bytes,
@@ -402,7 +451,20 @@ def _record(loop: _Loop, rnd: Round, lr: float, state: RunState) -> dict[str, An
         "comm_s": round(state.comm_s, 6),
         "wall_s": round(time.perf_counter() - loop.started, 6),
     }
+
+
+def _record(loop: _Loop, rnd: Round, lr: float, state: RunState) -> dict[str, Any]:
+    """Evaluate the averaged model and pass one metrics line on (finite ones only)."""
     state.last_eval_iteration = state.iteration
+    return _evaluate(loop, state, _line(loop, rnd, lr, state), state.clients)
+
+
+def _evaluate(loop: _Loop, state: RunState, metrics: dict[str, Any], params: State) -> dict[str, Any]:
+    """Fill ``metrics`` with the evaluation of ``params`` (row 0) and pass it on if finite."""
+    ev = loop.problem.evaluate(params)
+    metrics["objective"] = ev.objective
+    metrics["gap"] = None if loop.fstar is None else ev.objective - loop.fstar
+    metrics["accuracy"] = ev.accuracy
     if math.isfinite(ev.objective):
         state.last = metrics
         state.objective = ev.objective

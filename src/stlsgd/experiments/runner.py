@@ -24,11 +24,13 @@ from stlsgd.errors import ConfigError, brief
 from stlsgd.executors import distributed
 from stlsgd.executors.averaging import replicate
 from stlsgd.executors.sampling import Sampler
-from stlsgd.executors.simulator import Callback, RunState, Topology, run
+from stlsgd.executors.simulator import Callback, RunState, Sparse, Topology, run
 from stlsgd.experiments.build import Built, build, cache_dir, stop_rule
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.records import RunSummary
 from stlsgd.experiments.rundir import CHECKPOINT_FILE, RunDirectory, Start, check_checkpoint_every
+from stlsgd.problems.bounds import floor_for
+from stlsgd.problems.logistic import LogisticRegression
 from stlsgd.threads import share_cores
 
 
@@ -48,6 +50,7 @@ def run_experiment(
     keep_params: bool = True,
     inject_latency_s: float = 0.0,
     tensorboard: Path | None = None,
+    sparse_eval: int | None = None,
 ) -> dict[str, Any] | None:
     """Run ``exp`` into ``out`` (see :mod:`stlsgd.experiments.rundir` for the files); return the summary
     (None on ranks other than 0).
@@ -58,7 +61,8 @@ def run_experiment(
     ``built`` reuses data already loaded (sweep workers); ``keep_params=False`` skips ``final_params.npz``;
     ``inject_latency_s`` (``--backend dist`` only) waits that long before every average, as a slower network
     would (the cost model's validation); ``tensorboard`` also writes every metrics line as TensorBoard scalars
-    into that directory (rank 0).
+    into that directory (rank 0); ``sparse_eval=N`` (sweeps) skips the evaluations proved unable to end the
+    run (:func:`_sparse`), keeping every N-th evaluation point (every N * ``run.eval_every`` rounds; 0: none).
     """
     check_checkpoint_every(checkpoint_every)
     out = Path(out)
@@ -72,6 +76,7 @@ def run_experiment(
         built=built,
         keep_params=keep_params,
         tensorboard=tensorboard,
+        sparse_eval=sparse_eval,
     )
     if backend == "sim":
         if inject_latency_s:
@@ -107,6 +112,7 @@ def _run(
     built: Built | None,
     keep_params: bool,
     tensorboard: Path | None,
+    sparse_eval: int | None,
 ) -> dict[str, Any] | None:
     n_clients = exp.data.num_clients
     rundir = RunDirectory(out, exp, keep_params=keep_params) if job.is_root else None
@@ -144,7 +150,8 @@ def _run(
         assert start is not None, "rank 0 sends every rank its start"
         if start.state is None:  # ended before: rank 0 holds the summary
             return start.summary if job.is_root else None
-        return _rounds(job, exp, b, start, fstar, rundir, on_round, progress, out, tensorboard)
+        sparse = _sparse(exp, b, fstar, sparse_eval) if job.alone and not start.checkpoint_every else None
+        return _rounds(job, exp, b, start, fstar, rundir, on_round, progress, out, tensorboard, sparse)
     finally:
         if rundir is not None:
             rundir.close()
@@ -161,6 +168,7 @@ def _rounds(
     progress: bool,
     out: Path,
     tensorboard: Path | None,
+    sparse: Sparse | None = None,
 ) -> dict[str, Any] | None:
     n_clients = exp.data.num_clients
     topology = job.topology(n_clients)
@@ -239,6 +247,7 @@ def _rounds(
                     topology=topology,
                     align=start.checkpoint_every,
                     rule=b.rule,
+                    sparse=sparse,
                 )
     except Exception as exc:
         if not job.alone and distributed.is_comm_failure(exc):
@@ -255,8 +264,39 @@ def _rounds(
     if rundir is None:
         return None
     summary = summarize(exp, state, b, fstar, n_clients, job.describe())
+    if sparse is not None:  # metrics.jsonl is sparser than run.eval_every: the summary says how
+        evaluation = {"sparse": True, "kept_every_rounds": sparse.keep_every, "skipped": sparse.skipped}
+        summary = RunSummary.model_validate({**summary.to_json(), "evaluation": evaluation})
     rundir.finish(full, summary)
     return summary.to_json()
+
+
+# The bound keeps a d x d factor of the Hessian at x* (8 d^2 bytes: 128 MiB here) and takes O(d^2) a point.
+MAX_FLOOR_DIM = 4096
+
+
+def _sparse(exp: Experiment, b: Built, fstar: float | None, every: int | None) -> Sparse | None:
+    """Sparse evaluation for this run, or None where it does not apply.
+
+    It applies to the logistic problem with a gap target only (the proof is a bound on the gap:
+    :class:`stlsgd.problems.bounds.GapFloor`), and never to adaptive plans, which read every objective.
+    The caller leaves it off for checkpointed runs and torch.distributed (checkpoints then hold no skipped point).
+    """
+    r = exp.run
+    if (
+        every is None
+        or fstar is None
+        or r.target_gap is None
+        or r.target_accuracy is not None
+        or b.plan.adaptive
+        or not isinstance(b.problem, LogisticRegression)
+        or b.problem.dim > MAX_FLOOR_DIM
+    ):
+        return None
+    floor, target = floor_for(b.problem, cache_dir()), r.target_gap
+    if floor.fstar != fstar:  # the bound is on the gap to the floor's f*: it must be the run's
+        return None
+    return Sparse(lambda clients: floor.excludes(clients["w"][0], target), keep_every=every * r.eval_every)
 
 
 def _fault(job: distributed.Place, state: RunState, what: str, every: int | None, out: Path, cause: str = "") -> str:

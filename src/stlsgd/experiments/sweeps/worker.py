@@ -26,6 +26,10 @@ from stlsgd.threads import share_cores
 
 NO_BOUND = 2**62  # "no finished run yet" in the pruning bounds
 
+# Sweep runs skip the evaluations proved unable to end them (same outcomes, docs/sweeps.md) and keep every
+# KEEP_EVERY-th evaluation point in metrics.jsonl, a coarse curve for the report's figures.
+KEEP_EVERY = 20
+
 # A fault hook for tests (a worker lost in the middle of a run): when this variable names a file that does
 # not exist yet, the first run to see it creates the file and kills its own worker process.
 KILL_ONCE_ENV = "STLSGD_SWEEP_KILL_WORKER_ONCE"
@@ -109,7 +113,9 @@ def run_task(task: dict[str, Any], out: Path, data_dir: str | None, bound: Bound
             return "pruned"
         return None
 
-    summary = run_experiment(exp, out, built=built, overwrite=True, progress=False, on_round=on_round)
+    summary = run_experiment(
+        exp, out, built=built, overwrite=True, progress=False, on_round=on_round, sparse_eval=KEEP_EVERY
+    )
     assert summary is not None
     return {**summary, "num_samples": built.dataset.n}
 
