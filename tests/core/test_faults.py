@@ -25,8 +25,24 @@ def test_parse_reads_every_field(tmp_path: Path) -> None:
     assert (f.after_round, f.rank, f.once, f.parent) == (3, 1, tmp_path / "x", os.getppid())
 
 
+def test_parse_reads_the_sweeps_faults(tmp_path: Path) -> None:
+    assert faults.parse("die-after-record=2") == faults.Fault(after_records=2)
+    f = faults.parse(f"die-at=worker-start,once={tmp_path / 'x'},target=parent")
+    assert (f.at_worker_start, f.after_round, f.once, f.parent) == (True, None, tmp_path / "x", os.getppid())
+
+
 @pytest.mark.parametrize(
-    "text", ["rank=1", "die-after-round=x", "die-after-round=2,rank=", "die-after=2", "die-after-round=2,target=me"]
+    "text",
+    [
+        "rank=1",
+        "die-after-round=x",
+        "die-after-round=2,rank=",
+        "die-after=2",
+        "die-after-round=2,target=me",
+        "die-after-round=2,die-after-record=1",
+        "die-after-record=one",
+        "die-at=round-3",
+    ],
 )
 def test_a_malformed_value_is_a_one_line_error_naming_the_variable(text: str) -> None:
     with pytest.raises(ConfigError, match=r"^\$STLSGD_FAULT: ") as err:
@@ -71,3 +87,23 @@ def test_target_parent_kills_the_parent_while_it_is_still_the_parent(kills: list
     faults.Fault(after_round=1, parent=os.getppid()).after(1)
     faults.Fault(after_round=1, parent=os.getppid() + 1).after(1)  # re-parented: its first parent is gone
     assert kills == [(os.getppid(), signal.SIGKILL)]
+
+
+def test_a_sweep_dies_once_it_has_recorded_the_chosen_count(kills: list[tuple[int, int]]) -> None:
+    f = faults.Fault(after_records=2)
+    f.after(10**6)  # a run's rounds never trigger it
+    f.worker_started()
+    f.recorded(1)
+    assert kills == []
+    f.recorded(2)
+    assert kills == [(os.getpid(), signal.SIGKILL)]
+
+
+def test_a_starting_worker_kills_its_parent_once(kills: list[tuple[int, int]], tmp_path: Path) -> None:
+    f = faults.parse(f"die-at=worker-start,once={tmp_path / 'fired'},target=parent")
+    f.after(10**6)
+    f.recorded(10**6)
+    assert kills == []
+    f.worker_started()
+    f.worker_started()  # a second worker with the same environment starts normally
+    assert kills == [(os.getppid(), signal.SIGKILL)] and (tmp_path / "fired").is_file()

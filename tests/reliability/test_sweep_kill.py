@@ -7,16 +7,15 @@ sweep's environment) at a chosen round: no polling for the right instant, and no
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from processes import children, reap, subreaper
 
 pytestmark = [
     pytest.mark.launch,
@@ -35,29 +34,6 @@ max_iterations = {max_iterations}
 method = "local_sgd"
 grid = {{ lr = {lrs}, k = [1000] }}
 """
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def _children(pid: int) -> set[int]:
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found |= {int(c) for c in (task / "children").read_text().split()}
-    return found
-
-
-def _subreaper(on: bool) -> None:
-    assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
-
-
-def _reap(pid: int, timeout: float) -> int:
-    """Wait (no polling: a pidfd) until child ``pid`` ends; its wait status."""
-    fd = os.pidfd_open(pid)
-    try:
-        ready, _, _ = select.select([fd], [], [], timeout)
-        assert ready, f"process {pid} still runs {timeout} s after the sweep died"
-    finally:
-        os.close(fd)
-    return os.waitpid(pid, 0)[1]
 
 
 def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
@@ -66,8 +42,8 @@ def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
     fired = tmp_path / "fired"
     # The first worker to finish round 3 SIGKILLs the sweep (its parent) and computes on until the kernel ends it.
     env = {**os.environ, "STLSGD_FAULT": f"die-after-round=3,once={fired},target=parent"}
-    before = _children(os.getpid())
-    _subreaper(True)  # the sweep's orphans become this process's children: it can wait for them
+    before = children(os.getpid())
+    subreaper(True)  # the sweep's orphans become this process's children: it can wait for them
     try:
         sweep = subprocess.Popen(
             [sys.executable, "-m", "stlsgd", "sweep", str(config), "--jobs", "2", "--out", str(tmp_path / "out")],
@@ -80,10 +56,10 @@ def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
         finally:
             if sweep.poll() is None:
                 sweep.kill()
-        orphans = _children(os.getpid()) - before
-        statuses = {pid: _reap(pid, timeout=30) for pid in orphans}
+        orphans = children(os.getpid()) - before
+        statuses = {pid: reap(pid, timeout=30) for pid in orphans}
     finally:
-        _subreaper(False)
+        subreaper(False)
     assert fired.is_file()
     # The worker that was computing (and any other that had started its run) was ended by SIGTERM, the death
     # signal it asked the kernel for; the others (a worker still starting, the resource tracker) ended by

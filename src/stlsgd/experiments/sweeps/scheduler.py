@@ -20,6 +20,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
+from stlsgd import faults
 from stlsgd.errors import StlsgdError
 from stlsgd.experiments.sweeps.results import (
     BEST,
@@ -96,6 +97,7 @@ class Scheduler:
             if best is not None:
                 self.pool.lower(i, best["rounds_to_target"])
         self.done_count = 0
+        self.fault = faults.from_env()
         self.lost: dict[str, int] = {}  # key -> times its worker process died under it
 
     def _done(self, spec: RunSpec) -> bool:
@@ -108,6 +110,8 @@ class Scheduler:
         if record["phase"] == "grid" and record["status"] == "reached" and self.sweep.prune:
             self.pool.lower(self.sweep.labels.index(record["label"]), record["rounds_to_target"])
         self.done_count += 1
+        if self.fault is not None:  # $STLSGD_FAULT=die-after-record=N: a test's kill of this process
+            self.fault.recorded(self.done_count)
         # best.json follows every result, so an interrupted sweep can still be reported (marked incomplete).
         write_best(self.out, self.sweep, self.current, complete=False)
         if not self.quiet:

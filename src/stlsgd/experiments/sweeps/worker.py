@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stlsgd import faults
 from stlsgd.experiments.build import Built, build, with_plan
 from stlsgd.experiments.config import Experiment
 from stlsgd.threads import share_cores
@@ -44,6 +45,9 @@ Bounds = Callable[[list[int]], int]  # the largest pruning bound among a run's l
 def init_worker(bound: Any, data_dir: str | None, jobs: int = 1, parent: int | None = None) -> None:
     global _BOUND, _DATA_DIR
     _BOUND, _DATA_DIR = bound, data_dir
+    fault = faults.from_env()
+    if fault is not None:  # $STLSGD_FAULT=die-at=worker-start: a test's kill at this instant
+        fault.worker_started()
     _die_with_parent(parent)
     share_cores(jobs)
 
