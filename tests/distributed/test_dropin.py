@@ -72,7 +72,7 @@ def test_plan_lr_is_an_explicit_opt_in_logged_once(capsys: pytest.CaptureFixture
         PlanAverager(model, opt, LocalSGD(k=2), plan_lr=True)
 
 
-def test_every_schedule_answers_in_constant_time_over_a_hundred_thousand_rounds() -> None:
+def test_every_schedule_answers_in_constant_time_over_ten_thousand_rounds() -> None:
     model = nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     plan = LocalSGD(k=1)  # SyncSGD-like: a round every step
@@ -85,10 +85,11 @@ def test_every_schedule_answers_in_constant_time_over_a_hundred_thousand_rounds(
 
     plan.next_round = counted  # type: ignore[method-assign]
     avg = PlanAverager(model, opt, plan, hook=False)
-    for _ in range(100_000):
+    for _ in range(10_000):
         avg.after_step()
-    # One question to the plan per round, whatever the round number (it used to re-seek from round 0).
-    assert calls["next"] == 100_000 and avg.round_index == 100_000 and avg.iteration == 100_000
+    # One question to the plan per round, whatever the round number (it used to re-seek from round 0: that would
+    # be 5 x 10^7 questions here).
+    assert calls["next"] == 10_000 and avg.round_index == 10_000 and avg.iteration == 10_000
 
 
 def test_schedules_of_the_drop_in_family() -> None:
