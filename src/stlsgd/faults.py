@@ -26,6 +26,7 @@ Read once per run (:func:`from_env`); unset, the run pays one dictionary lookup.
 from __future__ import annotations
 
 import os
+import select
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,20 @@ class Fault:
             os.kill(os.getpid(), signal.SIGKILL)
         elif os.getppid() == self.parent:  # still our parent: not re-parented after its death
             os.kill(self.parent, signal.SIGKILL)
+            wait_for_exit(self.parent)
+
+
+def wait_for_exit(pid: int, timeout: float = 60.0) -> None:
+    """Block until process ``pid`` has ended (a pidfd, no polling): a kill is delivered asynchronously, and what
+    this process does next (ask for the parent-death signal, compute on) must come after its parent's death."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):  # already gone (or no pidfds here: Linux < 5.3)
+        return
+    try:
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
 
 
 def parse(text: str) -> Fault:

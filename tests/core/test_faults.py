@@ -16,6 +16,7 @@ from stlsgd.errors import ConfigError
 def kills(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     sent: list[tuple[int, int]] = []
     monkeypatch.setattr(faults.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(faults, "wait_for_exit", lambda pid: None)  # the kill was not sent: nothing ends
     return sent
 
 
