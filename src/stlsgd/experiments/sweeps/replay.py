@@ -10,9 +10,10 @@ Each run is rebuilt through the sweep's own code path: the sweep file (``best.js
 (the hash of the resolved experiment: settings, seed, ``eval_every``, budgets) equals the recorded one, and it
 runs in the sweep's worker (:func:`~stlsgd.experiments.sweeps.worker.execute`), in a process pool like the
 sweep's, with every evaluation its ``eval_every`` asks for. Each replay is written aside and moved into
-``DIR/runs/`` only when its outcome (status, rounds and iterations to target) equals the record; otherwise it
-is removed and the command ends with one line naming the row and both outcomes (exit status 2):
-the code has changed since the sweep, and its figure would not show the recorded run.
+``DIR/runs/`` only when its outcome (status, rounds and iterations to target; for a run that did not reach the
+target, the rounds and iterations where it stopped) equals the record; otherwise it is removed and the command
+ends with one line naming the row and both outcomes (exit status 2): the code has changed since the sweep, and
+its figure would not show the recorded run.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from stlsgd.files import LockedError, lock_directory
 
 log = logging.getLogger(__name__)
 
-#: The fields a replay must reproduce; ``rounds`` too for a run that did not reach the target (its length).
+#: The fields a replay must reproduce; for a run that did not reach the target, also where it stopped.
 COMPARED = ("status", "rounds_to_target", "iterations_to_target")
+STOPPED = ("rounds", "iterations")
 STAGING = ".replay"  # DIR/.replay/runs/<key>: replays not yet checked
 
 
@@ -65,11 +67,11 @@ def outcome(record: dict[str, Any]) -> str:
     if record["status"] == "failed":
         lines = (record.get("error") or "").strip().splitlines()
         return "failed" + (f" ({lines[-1]})" if lines else "")
-    return f"{record['status']} after {record['rounds']} rounds"
+    return f"{record['status']} after {record['rounds']} rounds ({record['iterations']} iterations)"
 
 
 def same_outcome(replayed: dict[str, Any], recorded: dict[str, Any]) -> bool:
-    fields = COMPARED if recorded["status"] == "reached" else (*COMPARED, "rounds")
+    fields = COMPARED if recorded["status"] == "reached" else (*COMPARED, *STOPPED)
     return all(replayed.get(f) == recorded.get(f) for f in fields)
 
 
