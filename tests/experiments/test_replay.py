@@ -14,6 +14,7 @@ import pytest
 from stlsgd.cli import main
 from stlsgd.experiments.report import _panels, load_sweep_dir
 from stlsgd.experiments.sweeps import read_results
+from stlsgd.experiments.sweeps.replay import same_outcome
 
 SWEEP = """
 name = "ci_replay_digits"
@@ -174,3 +175,17 @@ def test_bad_input_is_one_line_before_anything_is_written(
     assert "is sweep 'other'" in _refused([str(archive), "--config", str(other)], archive, capsys)
     assert "--config: " in _refused([str(archive), "--config", str(tmp_path / "no.toml")], archive, capsys)
     assert "--jobs: must be >= 1" in _refused([str(archive), "--jobs", "0"], archive, capsys)
+
+
+def test_the_outcome_compared_is_the_target_crossing_or_where_an_unreached_run_stopped() -> None:
+    reached = {"status": "reached", "rounds_to_target": 27, "iterations_to_target": 14_892_038}
+    # A reached run: the round and the iteration of the crossing (here the budget cut its last round).
+    assert same_outcome({**reached, "rounds": 27, "iterations": 14_892_038}, {**reached, "rounds": 27})
+    assert not same_outcome({**reached, "iterations_to_target": 10_000_000}, reached)
+    assert not same_outcome({**reached, "rounds_to_target": 26}, reached)
+    # A run that did not reach the target: where it stopped, rounds and iterations.
+    stopped = {"status": "budget", "rounds_to_target": None, "iterations_to_target": None, "rounds": 69}
+    assert same_outcome({**stopped, "iterations": 10_115_136}, {**stopped, "iterations": 10_115_136})
+    assert not same_outcome({**stopped, "iterations": 10_000_000}, {**stopped, "iterations": 10_115_136})
+    assert not same_outcome({**stopped, "rounds": 70, "iterations": 1}, {**stopped, "iterations": 1})
+    assert not same_outcome({**stopped, "status": "diverged", "iterations": 1}, {**stopped, "iterations": 1})
