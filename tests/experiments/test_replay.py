@@ -175,6 +175,10 @@ def test_bad_input_is_one_line_before_anything_is_written(
     assert "is sweep 'other'" in _refused([str(archive), "--config", str(other)], archive, capsys)
     assert "--config: " in _refused([str(archive), "--config", str(tmp_path / "no.toml")], archive, capsys)
     assert "--jobs: must be >= 1" in _refused([str(archive), "--jobs", "0"], archive, capsys)
+    # A link in a later directory: refused before the first directory is written.
+    linked = _archive(swept, tmp_path / "linked")
+    (linked / "runs").symlink_to(tmp_path)
+    assert "is a symbolic link" in _refused([str(archive), str(linked)], archive, capsys)
 
 
 def test_the_outcome_compared_is_the_target_crossing_or_where_an_unreached_run_stopped() -> None:

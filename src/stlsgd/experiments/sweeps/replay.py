@@ -33,7 +33,7 @@ from stlsgd.errors import StlsgdError
 from stlsgd.experiments.sweeps.results import BEST, RESULTS, check_best, make_record, read_results
 from stlsgd.experiments.sweeps.scheduler import LocalPool
 from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, load_sweep, with_seed
-from stlsgd.files import LockedError, lock_directory
+from stlsgd.files import LockedError, lock_directory, refuse_links
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,8 @@ def replay(
         if not directory.is_dir():
             raise StlsgdError(f"{directory}: not a directory; give a sweep directory holding {BEST} and {RESULTS}")
     plans = [plan_replays(directory, config)[1] for directory in dirs]
+    for directory in dirs:
+        refuse_links(directory)  # as locking it would, but for every directory before the first is written
     kept: list[dict[str, Any]] = []
     mismatches: list[str] = []
     for directory, replays in zip(dirs, plans):
