@@ -1,4 +1,4 @@
-"""Command line: ``stlsgd run | demo | sweep | report | suggest | calibrate | methods | data``.
+"""Command line: ``stlsgd run | demo | sweep | replay | report | suggest | calibrate | methods | data``.
 
 User mistakes (bad config, bad data, missing files, a full or read-only disk) print one line
 ``stlsgd: error: ...`` and exit with status 2; ``--debug`` shows the traceback instead.
@@ -91,6 +91,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         limit=args.limit,
         cluster=args.cluster,
     )
+    return 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from stlsgd.experiments.sweeps.replay import replay
+
+    replay(args.dirs, config=args.config, jobs=args.jobs, data_dir=args.data_dir, quiet=args.quiet)
     return 0
 
 
@@ -238,6 +245,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="run only the first N settings of each row, in the file's order (a quick probe)",
     )
     p.set_defaults(func=_cmd_sweep)
+
+    p = sub.add_parser(
+        "replay",
+        help="rerun the runs a sweep's figures draw (each row's chosen run) into DIR/runs/ from its "
+        "results.jsonl and best.json, each checked against its record; then `stlsgd report DIR...` draws them",
+    )
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="sweep directories, each holding best.json and results.jsonl")
+    p.add_argument(
+        "--config", metavar="FILE", help="the sweep file, with one DIR (default: the one its best.json names)"
+    )
+    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all CPUs)")
+    p.add_argument("--data-dir", help="data directory (default $STLSGD_DATA or the user cache)")
+    p.add_argument("--quiet", action="store_true", help="no line per replayed run")
+    p.set_defaults(func=_cmd_replay)
 
     p = sub.add_parser("report", help="tables (Markdown, CSV) and figures (PNG) from sweep directories")
     p.add_argument("dirs", nargs="+", metavar="DIR", help="sweep output directories (with best.json), one per column")

@@ -5,6 +5,7 @@
 - :mod:`.scheduler`: the process pool, de-duplication, bounds, seed reruns (:func:`run_sweep`);
 - :mod:`.cluster`: the same runs on a Dask cluster (``--cluster tcp://HOST:PORT`` or ``local:N``);
 - :mod:`.results`: ``results.jsonl`` (foreign lines skipped), the choice of the best setting and ``best.json``.
+- :mod:`.replay`: the runs an archived sweep's figures draw, rerun from ``results.jsonl`` and ``best.json``.
 """
 
 from stlsgd.experiments.sweeps.results import (
