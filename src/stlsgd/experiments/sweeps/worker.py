@@ -103,7 +103,9 @@ def _kill_once() -> None:
 def run_task(task: dict[str, Any], out: Path, data_dir: str | None, bound: Bounds) -> dict[str, Any]:
     """Run one setting into ``out``; returns its summary plus the number of samples.
 
-    ``bound(slots)`` gives the pruning bound of the run's label slots (called after every round)."""
+    ``bound(slots)`` gives the pruning bound of the run's label slots (called after every round). A sweep's run
+    skips the evaluations proved unable to end it (sparse ``metrics.jsonl``); ``task["every_evaluation"]`` (a
+    replay, for the report's curves) evaluates every due point."""
     from stlsgd.experiments.runner import run_experiment
 
     exp = Experiment.model_validate(task["config"])
@@ -117,8 +119,9 @@ def run_task(task: dict[str, Any], out: Path, data_dir: str | None, bound: Bound
             return "pruned"
         return None
 
+    sparse = None if task.get("every_evaluation") else KEEP_EVERY
     summary = run_experiment(
-        exp, out, built=built, overwrite=True, progress=False, on_round=on_round, sparse_eval=KEEP_EVERY
+        exp, out, built=built, overwrite=True, progress=False, on_round=on_round, sparse_eval=sparse
     )
     assert summary is not None
     return {**summary, "num_samples": built.dataset.n}
