@@ -184,6 +184,41 @@ def test_latency_figure_names_the_fastest_row_at_the_network_latency() -> None:
     assert fig.axes[0].texts[-1].get_text() == "fastest here:\nSTL-SGD^sc"
 
 
+def test_a_row_not_reached_in_one_panel_keeps_its_row_faded_and_is_never_starred() -> None:
+    # Six rows in both panels; in the second, STL-SGD^sc's curve is its closest run, which never reached the
+    # target although it would be the first below it on the plot: it stays one row (no seventh legend entry,
+    # no split into more panels), drawn faded, named in the corner, and the star goes to the first that reached.
+    rows = ROWS[:6]
+    reached = _curves(rows, 1.0)
+    closest = [Curve(c.label, c.x, c.y, c.method, reached=c.label != "STL-SGD^sc") for c in _curves(rows, 1.0)]
+    closest[4] = Curve("STL-SGD^sc", [1, 2, 1000], [1.0, 1e-5, 1e-6], "stl_sc", reached=False)
+    fig = draw_panels(
+        [Panel("a9a (IID)", "gap", reached, target=1e-4), Panel("a9a (Non-IID)", "gap", closest, target=1e-4)],
+        "rounds",
+        log_x=True,
+    )
+    assert len(fig.axes) == 2 and len(fig.legends[0].get_texts()) == 6 + 1  # six rows and the target
+    faded = [line.get_label() for line in _data_lines(fig.axes[1]) if line.get_alpha() == 0.4]
+    assert faded == ["STL-SGD^sc"]
+    texts = [t.get_text() for t in fig.axes[1].texts]
+    assert any("target not reached" in t and "STL-SGD^sc" in t for t in texts)
+    assert "first to the target:\nSyncSGD" in texts
+    _legend_outside(fig)
+
+
+def test_a_report_warns_of_runs_it_cannot_draw(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from stlsgd.experiments.report import _panels, load_sweep_dir
+
+    archive = tmp_path / "table2_a9a_iid"
+    archive.mkdir()
+    for name in ("best.json", "results.jsonl"):
+        (archive / name).write_bytes((REPO / "docs/results/table2_data/table2_a9a_iid" / name).read_bytes())
+    with caplog.at_level("WARNING", logger="stlsgd"):
+        panel = _panels([load_sweep_dir(archive)], "round")[0]
+    assert panel.curves == []
+    assert len(caplog.records) == 6 and all("stlsgd replay" in r.getMessage() for r in caplog.records)
+
+
 POINTS = [
     # label, client-steps, rounds: the front is SyncSGD (1e5, 1e5), Local SGD (2e5, 100), STL (1e6, 10).
     Point("SyncSGD", 1e5, 1e5, "sync_sgd"),

@@ -103,7 +103,11 @@ def test_replay_reruns_the_drawn_runs_and_the_report_draws_them(
     assert "as recorded" in out and not (archive / ".replay").exists()
     # The report draws every row from the replayed runs; its table is the sweep's own.
     panel = _panels([load_sweep_dir(archive)], "round")[0]
-    assert [c.label for c in panel.curves] == ["SyncSGD", "Local SGD", "Local SGD (4 rounds) (closest, not reached)"]
+    assert [(c.label, c.reached) for c in panel.curves] == [
+        ("SyncSGD", True),
+        ("Local SGD", True),
+        ("Local SGD (4 rounds)", False),  # its closest run, drawn faded under its own row's name
+    ]
     assert panel.title == "digits 4 vs 9 (IID)"
     assert main(["report", str(archive), "--out", str(tmp_path / "r1")]) == 0
     assert main(["report", str(swept), "--out", str(tmp_path / "r2")]) == 0

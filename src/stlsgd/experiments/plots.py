@@ -78,6 +78,7 @@ class Curve:
     x: list[float]
     y: Sequence[float | None]  # None: that evaluation lacks the metric (no point drawn)
     method: str = ""  # registry name (``local_sgd``); decides the colour
+    reached: bool = True  # False: the row's closest run, which never reached the target (drawn faded)
 
 
 @dataclass
@@ -141,7 +142,7 @@ def styles(rows: list[tuple[str, str]]) -> dict[str, Style]:
     out = {}
     for label, method in rows:
         fam = family(method, label)
-        base = label.replace("+ drift", "").replace("(closest, not reached)", "").strip()
+        base = label.replace("+ drift", "").strip()
         seen = variants.setdefault(fam, [])
         if base not in seen:
             seen.append(base)
@@ -210,17 +211,43 @@ def draw_panels(
         for row, (group, labels) in enumerate(groups):
             ax = axes[row][col]
             drawn = 0
+            unreached = []
             for label in labels:
                 curve = by_label.get(label)
                 points = [] if curve is None else _positive(curve.x, curve.y, log_x)
-                if not points:
+                if curve is None or not points:
                     continue
                 xs, ys = zip(*points)
                 s = look[label]
-                ax.plot(xs, ys, label=label, linewidth=1.6, color=s.color, linestyle=s.linestyle)
+                # A row that never reached the target keeps its colour and style (one legend entry per row in
+                # every panel), faded, and is named in the panel's corner.
+                alpha = 1.0 if curve.reached else 0.4
+                ax.plot(xs, ys, label=label, linewidth=1.6, color=s.color, linestyle=s.linestyle, alpha=alpha)
                 if s.marker:
-                    ax.plot(xs, ys, linestyle="none", marker=s.marker, markevery=0.12, markersize=4, color=s.color)
+                    ax.plot(
+                        xs,
+                        ys,
+                        linestyle="none",
+                        marker=s.marker,
+                        markevery=0.12,
+                        markersize=4,
+                        color=s.color,
+                        alpha=alpha,
+                    )
+                if not curve.reached:
+                    unreached.append(label)
                 drawn += 1
+            if unreached:
+                ax.text(
+                    0.02,
+                    0.02,
+                    "faded, target not reached\n(closest run): " + ", ".join(unreached),
+                    transform=ax.transAxes,
+                    fontsize=7,
+                    color="dimgrey",
+                    va="bottom",
+                    wrap=True,
+                )
             if panel.target is not None:
                 ax.axhline(panel.target, color="grey", linestyle=":", linewidth=1)
             if vline is not None:
@@ -239,7 +266,8 @@ def draw_panels(
                 text = "none of these rows has metrics" if panel.curves else "no run metrics in the sweep directory"
                 ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", color="grey")
             else:
-                _mark_best(ax, [by_label[lab] for lab in labels if lab in by_label], panel.target, vline, log_x)
+                reached = [by_label[lab] for lab in labels if lab in by_label and by_label[lab].reached]
+                _mark_best(ax, reached, panel.target, vline, log_x)
     handles: list[Any] = []
     for _, labels in groups:
         for label in labels:

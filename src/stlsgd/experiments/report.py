@@ -227,9 +227,16 @@ def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
             run_dir = info.get("run_dir") or (info.get("closest") or {}).get("run_dir")
             if not run_dir:
                 continue
-            if not info.get("run_dir"):
-                label = f"{label} (closest, not reached)"
             path = sweep["_dir"] / run_dir / "metrics.jsonl"
+            if not path.is_file():
+                # An archived sweep keeps results.jsonl and best.json, not its runs: say how to draw it.
+                log.warning(
+                    "%s: missing: row %r is not drawn (stlsgd replay %s reruns the runs the figures draw)",
+                    path,
+                    label,
+                    sweep["_dir"],
+                )
+                continue
             rows = []
             for lineno, row in read_jsonl_numbered(path):
                 if (
@@ -251,7 +258,8 @@ def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
                     f"{path}: a metrics line without a number {err}: cannot place it on the {x_key} axis; "
                     "rerun that run"
                 ) from None
-            panel.curves.append(Curve(label, xs, [r.get(y_key) for r in rows], info.get("method") or ""))
+            reached = bool(info.get("run_dir"))
+            panel.curves.append(Curve(label, xs, [r.get(y_key) for r in rows], info.get("method") or "", reached))
         panels.append(panel)
     return panels
 
