@@ -21,6 +21,7 @@ from stlsgd.errors import StlsgdError
 from stlsgd.experiments.build import model_bytes_for, plan_context
 from stlsgd.experiments.config import Experiment, read_raw
 from stlsgd.experiments.plots import Curve, Panel, Point, PointPanel, duration, panels_figure, points_figure
+from stlsgd.experiments.sweeps.results import sweep_file_of
 
 
 @dataclass(frozen=True)
@@ -34,27 +35,11 @@ class RowUsage:
     unpriced: int = 0  # seeds that reached the target but whose client-steps and bytes are neither recorded nor rebuilt
 
 
-def _sweep_file(best: dict[str, Any]) -> Path | None:
-    """The sweep file best.json names; when it was recorded on another machine (or relative to a repository
-    root), the same ``configs/...`` path under the working directory or under a folder above the sweep's own."""
-    path = Path(best.get("config", ""))
-    if path.is_file():
-        return path
-    parts = path.parts
-    if "configs" not in parts:
-        return None
-    local = Path(*parts[parts.index("configs") :])
-    roots = [Path.cwd()]
-    if "_dir" in best:
-        roots += list(Path(best["_dir"]).resolve().parents)
-    return next((root / local for root in roots if (root / local).is_file()), None)
-
-
 def _rebuilt(best: dict[str, Any], label: str, info: dict[str, Any], seed: str, rec: dict[str, Any]) -> Usage | None:
     """Client-steps and bytes of one seed run rebuilt from its sweep file (sweeps of an older stlsgd)."""
     from stlsgd.experiments.sweeps import load_sweep
 
-    source = _sweep_file(best)
+    source = sweep_file_of(best)
     if source is None:
         return None
     spec = next((s for s in load_sweep(source).grid if s.label == label and s.settings == info["settings"]), None)
@@ -107,7 +92,7 @@ def unpriced_reason(best: dict[str, Any]) -> str | None:
         return None
     which = f"{len(rows)} row{'s' if len(rows) > 1 else ''} ({', '.join(rows[:3])}{', ...' if len(rows) > 3 else ''})"
     named = best.get("config") or "(none recorded)"
-    if _sweep_file(best) is None:
+    if sweep_file_of(best) is None:
         return (
             f"{which} record no client-steps or bytes (a sweep of an older stlsgd) and the sweep file it names, "
             f"{named}, is not found under the working directory or any folder above the sweep, so they cannot be "
@@ -213,7 +198,7 @@ def sweep_title(best: dict[str, Any]) -> str:
     found and still names this sweep), else :func:`default_title` of its dataset and partition."""
     if best.get("title"):
         return str(best["title"])
-    source = _sweep_file(best)
+    source = sweep_file_of(best)
     if source is not None:
         try:
             raw = read_raw(source)

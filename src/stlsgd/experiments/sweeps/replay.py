@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from stlsgd.errors import StlsgdError
-from stlsgd.experiments.sweeps.results import BEST, RESULTS, check_best, make_record, read_results
+from stlsgd.experiments.sweeps.results import BEST, RESULTS, check_best, make_record, read_results, sweep_file_of
 from stlsgd.experiments.sweeps.scheduler import LocalPool
 from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, load_sweep, with_seed
 from stlsgd.files import LockedError, lock_directory, refuse_links
@@ -82,9 +82,7 @@ def sweep_file(directory: Path, best: dict[str, Any], config: str | Path | None)
         if not path.is_file():
             raise StlsgdError(f"--config: {path}: no such sweep file")
         return path
-    from stlsgd.experiments.time_report import _sweep_file  # the same lookup the report prices runs with
-
-    found = _sweep_file({**best, "_dir": directory})
+    found = sweep_file_of({**best, "_dir": directory})
     if found is None:
         raise StlsgdError(
             f"{directory / BEST}: config: sweep file {best.get('config')!r} not found; give it with --config FILE"

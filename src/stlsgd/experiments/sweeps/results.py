@@ -294,3 +294,19 @@ def write_best(
         best["wall_s"] = round(wall_s, 1)
     write_json_atomic(out / BEST, best)
     return best
+
+
+def sweep_file_of(best: dict[str, Any]) -> Path | None:
+    """The sweep file best.json names; when it was recorded on another machine (or relative to a repository
+    root), the same ``configs/...`` path under the working directory or under a folder above the sweep's own."""
+    path = Path(best.get("config", ""))
+    if path.is_file():
+        return path
+    parts = path.parts
+    if "configs" not in parts:
+        return None
+    local = Path(*parts[parts.index("configs") :])
+    roots = [Path.cwd()]
+    if "_dir" in best:
+        roots += list(Path(best["_dir"]).resolve().parents)
+    return next((root / local for root in roots if (root / local).is_file()), None)
