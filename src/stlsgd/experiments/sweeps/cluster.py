@@ -34,7 +34,9 @@ from stlsgd.experiments.sweeps.worker import NO_BOUND, run_task
 from stlsgd.files import fsync_dir
 from stlsgd.threads import share_cores
 
-REFRESH_S = 1.0  # how often a run asks the cluster for newer pruning bounds
+# How often a run asks the cluster for newer pruning bounds: a round trip to the scheduler (about a millisecond on a
+# LAN), against a9a's thousands of rounds a second that a stale bound lets a hopeless run go on for.
+REFRESH_S = 0.1
 CONNECT_TIMEOUT_S = 30
 _ADDRESS = re.compile(r"^(tcp|tls)://[^\s/:]+:\d{1,5}$")
 
@@ -60,6 +62,7 @@ class DaskPool:
     def __init__(self, spec: str, labels: int, out: Path, data_dir: str | None) -> None:
         check_cluster(spec)
         try:
+            import dask
             import distributed
         except ImportError:
             raise StlsgdError(
@@ -71,9 +74,16 @@ class DaskPool:
         self.cores = 0  # threads per run for numba/torch; 0 leaves the worker's defaults
         if spec.startswith("local:"):
             n = int(spec.removeprefix("local:"))
-            self.cluster = distributed.LocalCluster(
-                n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
-            )
+            # Dask's statistical profiler samples each worker's threads every 10 ms: time taken from the runs,
+            # which this local cluster has no dashboard to show.
+            with dask.config.set({"distributed.worker.profile.enabled": False}):
+                self.cluster = distributed.LocalCluster(
+                    n_workers=n,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                    silence_logs=logging.ERROR,
+                )
             self.cores, address = n, self.cluster.scheduler_address
         else:
             address = spec
