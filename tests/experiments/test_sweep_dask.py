@@ -16,7 +16,6 @@ import pytest
 
 from stlsgd.cli import main
 from stlsgd.experiments.sweeps import load_sweep, read_results
-from stlsgd.experiments.sweeps.worker import KILL_ONCE_ENV
 
 SWEEP = """
 name = "dask_small"
@@ -63,7 +62,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
     root = tmp_path_factory.mktemp("cluster")
     scheduler_file, marker = root / "scheduler.json", root / "kill-once"
     marker.touch()  # disarmed
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), KILL_ONCE_ENV: str(marker)}
+    # $STLSGD_FAULT (stlsgd.faults): the first run past round 1 once the marker is gone kills its worker process.
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
+        "STLSGD_FAULT": f"die-after-round=1,once={marker}",
+    }
     procs = [
         subprocess.Popen(
             _dask(

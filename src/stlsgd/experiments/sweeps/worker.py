@@ -31,10 +31,6 @@ NO_BOUND = 2**62  # "no finished run yet" in the pruning bounds
 # KEEP_EVERY-th evaluation point in metrics.jsonl, a coarse curve for the report's figures.
 KEEP_EVERY = 20
 
-# A fault hook for tests (a worker lost in the middle of a run): when this variable names a file that does
-# not exist yet, the first run to see it creates the file and kills its own worker process.
-KILL_ONCE_ENV = "STLSGD_SWEEP_KILL_WORKER_ONCE"
-
 _BOUND: Any = None  # shared RawArray: best finished rounds-to-target per label index
 _DATA_DIR: str | None = None
 _BUILT: dict[tuple[str, str | None], Built] = {}
@@ -89,17 +85,6 @@ def _built_for(exp: Experiment, data_dir: str | None) -> Built:
     return with_plan(exp, _BUILT[ident, data_dir])
 
 
-def _kill_once() -> None:
-    marker = os.environ.get(KILL_ONCE_ENV)
-    if not marker:
-        return
-    try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 def run_task(task: dict[str, Any], out: Path, data_dir: str | None, bound: Bounds) -> dict[str, Any]:
     """Run one setting into ``out``; returns its summary plus the number of samples.
 
@@ -111,7 +96,6 @@ def run_task(task: dict[str, Any], out: Path, data_dir: str | None, bound: Bound
     exp = Experiment.model_validate(task["config"])
     built = _built_for(exp, data_dir)
     slots: list[int] = task["slots"]
-    _kill_once()
 
     def on_round(st: Any, rnd: Any) -> str | None:
         # Only a strictly larger round count is hopeless: at the bound itself the run could still tie.
