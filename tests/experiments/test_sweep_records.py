@@ -69,9 +69,15 @@ def test_the_cli_prints_the_librarys_warnings_as_its_own_lines(
     assert main(["report", str(sweep), "--out", str(tmp_path / "r"), "--network", "datacenter,step=60ns"]) == 0
     first = len((STORED / "results.jsonl").read_text().splitlines()) + 1
     err = capsys.readouterr().err.splitlines()
-    assert [line.split(": skipping")[0] for line in err] == [
+    skipped = [line for line in err if ": skipping" in line]
+    assert [line.split(": skipping")[0] for line in skipped] == [
         f"stlsgd: warning: {sweep / 'results.jsonl'}:{first + i}" for i in range(len(FOREIGN))
     ]
+    # The stored copy keeps no runs: one line for each drawn run (two rows), naming what redraws it.
+    missing = [line for line in err if line not in skipped]
+    assert len(missing) == 2 and all(
+        line.startswith(f"stlsgd: warning: {sweep / 'runs'}/") and "stlsgd replay" in line for line in missing
+    ), err
 
 
 def test_rerun_of_a_sweep_with_foreign_results_lines(

@@ -229,7 +229,12 @@ def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
                 continue
             path = sweep["_dir"] / run_dir / "metrics.jsonl"
             if not path.is_file():
-                # An archived sweep keeps results.jsonl and best.json, not its runs: say how to draw it.
+                # An archived sweep keeps results.jsonl and best.json, not its runs: say how to draw it (once per
+                # run, though each figure asks).
+                missing = sweep.setdefault("_missing", set())
+                if path in missing:
+                    continue
+                missing.add(path)
                 log.warning(
                     "%s: missing: row %r is not drawn (stlsgd replay %s reruns the runs the figures draw)",
                     path,
