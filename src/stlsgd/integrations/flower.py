@@ -830,8 +830,9 @@ class InProcessClientProxy(ClientProxy):
 
 
 def run_in_process(strategy: FedAvg, clients: Sequence[Client | NumPyClient], num_rounds: int | None = None) -> History:
-    """Flower's own server loop (``flwr.server.Server.fit``) over ``clients`` called in this process: no ray, no
-    sockets. ``num_rounds`` defaults to ``strategy.planned_rounds()`` for a :class:`StlsgdFedAvg`."""
+    """Flower's own server loop (``flwr.server.Server.fit``) over ``clients`` called in this process, one after
+    another: no ray, no sockets. ``num_rounds`` defaults to ``strategy.planned_rounds()`` for a
+    :class:`StlsgdFedAvg`."""
     if num_rounds is None:
         if not isinstance(strategy, StlsgdFedAvg):
             raise StlsgdError("run_in_process: give num_rounds")
@@ -840,6 +841,9 @@ def run_in_process(strategy: FedAvg, clients: Sequence[Client | NumPyClient], nu
     for i, client in enumerate(clients):
         manager.register(InProcessClientProxy(str(i), client))
     server = Server(client_manager=manager, strategy=strategy)
+    # One client at a time: in one interpreter threads gain nothing (the GIL), and a fixed order keeps the
+    # clients' steps from interleaving, so two runs of the same clients give the same bits.
+    server.set_max_workers(1)
     history, _ = server.fit(num_rounds=num_rounds, timeout=None)
     return history
 
