@@ -1,21 +1,23 @@
-"""Process deaths in a sweep: a sweep killed outright (SIGKILL) leaves no worker computing on, and a killed
-worker costs its runs one retry, not the sweep.
+"""Process deaths in a sweep: a sweep killed outright (SIGKILL) leaves no worker computing on, whether they were
+computing or still starting, and a killed worker costs its runs one retry, not the sweep.
 
-The kills come from inside the runs ($STLSGD_FAULT, :mod:`stlsgd.faults`, passed to the workers through the
-sweep's environment) at a chosen round: no polling for the right instant, and no run can finish first.
+The kills come from inside the workers ($STLSGD_FAULT, :mod:`stlsgd.faults`, passed to them through the sweep's
+environment) at a chosen instant: no polling for the right one, and no run can finish first. The sweep's orphans
+become this process's children (a child subreaper), and their ends are waited for on pidfds.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from processes import children, reap, subreaper
 
 pytestmark = [
     pytest.mark.launch,
@@ -36,20 +38,43 @@ grid = {{ lr = {lrs}, k = [1000] }}
 """
 
 
-def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
-    config = tmp_path / "long.toml"
-    config.write_text(SWEEP.format(max_iterations=10**9, lrs=[0.01, 0.02]))
-    fired = tmp_path / "fired"
-    # The first worker to finish round 3 SIGKILLs the sweep (its parent) and computes on until the kernel ends it.
-    env = {**os.environ, "STLSGD_FAULT": f"die-after-round=3,once={fired},target=parent"}
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
+
+
+def subreaper(on: bool) -> None:
+    assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+
+
+def reap(pid: int, timeout: float) -> int:
+    """Wait (no polling: a pidfd) until child ``pid`` ends; its wait status."""
+    fd = os.pidfd_open(pid)
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"process {pid} still runs {timeout} s after its parent died"
+    finally:
+        os.close(fd)
+    return os.waitpid(pid, 0)[1]
+
+
+def _orphans_of_a_killed_sweep(config: Path, out: Path, fault: str, timeout: float) -> dict[int, int]:
+    """Run ``stlsgd sweep config --jobs 2`` with ``$STLSGD_FAULT=fault``, which must SIGKILL the sweep; the wait
+    status of each process it left behind (its workers, multiprocessing's resource tracker), each reaped within
+    ``timeout`` seconds of the sweep's death."""
     before = children(os.getpid())
     subreaper(True)  # the sweep's orphans become this process's children: it can wait for them
     try:
         sweep = subprocess.Popen(
-            [sys.executable, "-m", "stlsgd", "sweep", str(config), "--jobs", "2", "--out", str(tmp_path / "out")],
+            [sys.executable, "-m", "stlsgd", "sweep", str(config), "--jobs", "2", "--out", str(out)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env=env,
+            env={**os.environ, "STLSGD_FAULT": fault},
         )
         try:
             assert sweep.wait(timeout=300) == -signal.SIGKILL
@@ -57,15 +82,41 @@ def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
             if sweep.poll() is None:
                 sweep.kill()
         orphans = children(os.getpid()) - before
-        statuses = {pid: reap(pid, timeout=30) for pid in orphans}
+        return {pid: reap(pid, timeout) for pid in orphans}
     finally:
         subreaper(False)
+
+
+def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
+    config = tmp_path / "long.toml"
+    config.write_text(SWEEP.format(max_iterations=10**9, lrs=[0.01, 0.02]))
+    fired = tmp_path / "fired"
+    # The first worker to finish round 3 SIGKILLs the sweep (its parent) and computes on until the kernel ends it.
+    statuses = _orphans_of_a_killed_sweep(
+        config, tmp_path / "out", f"die-after-round=3,once={fired},target=parent", timeout=30
+    )
     assert fired.is_file()
     # The worker that was computing (and any other that had started its run) was ended by SIGTERM, the death
     # signal it asked the kernel for; the others (a worker still starting, the resource tracker) ended by
     # themselves. Either way none is left.
     terminated = [p for p, s in statuses.items() if os.WIFSIGNALED(s) and os.WTERMSIG(s) == signal.SIGTERM]
-    assert terminated and len(orphans - {os.getpid()}) >= 2, statuses  # two workers were started
+    assert terminated and len(set(statuses) - {os.getpid()}) >= 2, statuses  # two workers were started
+
+
+def test_workers_still_starting_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
+    config = tmp_path / "long.toml"
+    config.write_text(SWEEP.format(max_iterations=10**9, lrs=[0.01, 0.02]))
+    fired = tmp_path / "fired"
+    # The first worker to come up SIGKILLs the sweep, its parent, before it asks the kernel for the parent-death
+    # signal: the window a kill from outside could only hope to hit (the kernel's signal only covers a parent
+    # alive when it is asked for, so each worker checks its parent once it has asked).
+    statuses = _orphans_of_a_killed_sweep(
+        config, tmp_path / "out", f"die-at=worker-start,once={fired},target=parent", timeout=90
+    )
+    assert fired.is_file()
+    # The worker that killed the sweep waited for its death, asked for the parent-death signal too late to get
+    # it, found its parent gone and ended itself with status 1 (the other worker, started or not, ends either way).
+    assert any(os.WIFEXITED(s) and os.WEXITSTATUS(s) == 1 for s in statuses.values()), statuses
 
 
 def test_a_killed_worker_costs_its_runs_a_retry_not_the_sweep(tmp_path: Path) -> None:
