@@ -4,6 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from stlsgd.data import load_dataset
+from stlsgd.problems.logistic import LogisticRegression
+
 # Modules that launch torchrun ranks or a framework's own ranks; the modules of tests/distributed/,
 # tests/reliability/test_sweep_kill.py and tests/benchmarks/ carry the mark themselves (pytestmark).
 LAUNCHING = {"test_dropin.py", "test_lightning.py", "test_accelerate.py"}
@@ -26,3 +29,10 @@ def shared_data() -> Path:
     path = Path(__file__).resolve().parents[1].parent / "shared" / "data"
     assert path.is_dir(), f"{path}: shared data folder missing"
     return path
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """The digits 4-vs-9 set bundled with scikit-learn and its logistic problem (Eq. 8), built once per module."""
+    ds = load_dataset("digits49")
+    return ds, LogisticRegression(ds.X, ds.y)

@@ -6,42 +6,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from simulation import simulate
 
 from stlsgd.algorithms import STLSGD, LocalSGD
 from stlsgd.algorithms.registry import PlanContext
 from stlsgd.algorithms.stl_sgd import STLSCConfig, first_stage_length
-from stlsgd.data import load_dataset, make_partition
+from stlsgd.data import make_partition
 from stlsgd.errors import ConfigError
 from stlsgd.executors.sampling import Sampler
-from stlsgd.executors.simulator import StopRule, init_run_state, run
+from stlsgd.executors.simulator import StopRule
 from stlsgd.problems.logistic import LogisticRegression
-
-
-@pytest.fixture(scope="module")
-def digits():
-    ds = load_dataset("digits49")
-    return ds, LogisticRegression(ds.X, ds.y)
-
-
-def _simulate(problem, partition, plan, stop):
-    sampler = Sampler(partition, 0)
-    metrics: list[dict] = []
-    state = run(
-        plan,
-        problem,
-        sampler,
-        stop,
-        init_run_state(problem, sampler, partition.num_clients, 0),
-        on_metrics=metrics.append,
-        progress=False,
-    )
-    return state, metrics
 
 
 def test_a_round_that_would_cross_the_budget_is_cut_at_it(digits):
     ds, problem = digits
     partition = make_partition(ds.y, 2, "shared", seed=0)
-    state, metrics = _simulate(problem, partition, LocalSGD(lr=0.1, k=10), StopRule(max_iterations=35))
+    state, metrics = simulate(problem, partition, LocalSGD(lr=0.1, k=10), StopRule(max_iterations=35))
     # Rounds of 10, 10, 10, then the fourth cut to the 5 steps left: 35 iterations, not 40.
     assert state.status == "budget" and (state.round, state.iteration) == (4, 35)
     assert [(m["round"], m["iteration"], m["period"]) for m in metrics] == [
@@ -57,7 +37,7 @@ def test_the_cut_round_is_the_plans_round_shortened(digits):
     """The steps of the cut round are the first steps the uncut round would take: same samples, same lrs."""
     ds, problem = digits
     partition = make_partition(ds.y, 2, "split", seed=0)
-    cut, _ = _simulate(problem, partition, LocalSGD(lr=0.1, k=10, lr_decay=0.01), StopRule(max_iterations=7))
+    cut, _ = simulate(problem, partition, LocalSGD(lr=0.1, k=10, lr_decay=0.01), StopRule(max_iterations=7))
     sampler = Sampler(partition, 0)
     w = problem.init_state(2)
     rnd = next(LocalSGD(lr=0.1, k=10, lr_decay=0.01).rounds())
@@ -70,7 +50,7 @@ def test_period_in_metrics_is_the_rounds_actual_length(digits):
     ds, problem = digits
     partition = make_partition(ds.y, 2, "shared", seed=0)
     # Stage 1: T_1 = 25 iterations at period 10 -> rounds of 10, 10, 5; stage 2 (k x2): 20, 20, 10.
-    _, metrics = _simulate(problem, partition, STLSGD(lr=0.1, T1=25, k1=10), StopRule(max_rounds=6))
+    _, metrics = simulate(problem, partition, STLSGD(lr=0.1, T1=25, k1=10), StopRule(max_rounds=6))
     assert [m["period"] for m in metrics] == [10, 10, 5, 20, 20, 10]
     assert [m["stage"] for m in metrics] == [1, 1, 1, 2, 2, 2]
 

@@ -9,19 +9,13 @@ import numpy as np
 import pytest
 
 from stlsgd.algorithms import LocalSGD
-from stlsgd.data import load_dataset, make_partition
+from stlsgd.data import make_partition
 from stlsgd.executors.averaging import OuterNesterov
 from stlsgd.executors.sampling import Sampler
 from stlsgd.executors.simulator import RoundRule, StopRule, init_run_state, run
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
 from stlsgd.problems.logistic import LogisticRegression
-
-
-@pytest.fixture(scope="module")
-def digits():
-    ds = load_dataset("digits49")
-    return ds, LogisticRegression(ds.X, ds.y)
 
 
 def _grad(X: np.ndarray, y: np.ndarray, lam: float, w: np.ndarray, r: int) -> np.ndarray:

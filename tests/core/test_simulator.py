@@ -2,34 +2,12 @@
 
 import numpy as np
 import pytest
+from simulation import simulate
 
 from stlsgd.algorithms import CRPSGD, STLSGD, LocalSGD, SyncSGD
-from stlsgd.data import load_dataset, make_partition
+from stlsgd.data import make_partition
 from stlsgd.executors.sampling import Sampler
 from stlsgd.executors.simulator import LOCAL, StopRule, Topology, init_run_state, run
-from stlsgd.problems.logistic import LogisticRegression
-
-
-@pytest.fixture(scope="module")
-def digits():
-    ds = load_dataset("digits49")
-    return ds, LogisticRegression(ds.X, ds.y)
-
-
-def simulate(problem, partition, plan, stop, seed=0, fstar=None):
-    sampler = Sampler(partition, seed)
-    metrics = []
-    state = run(
-        plan,
-        problem,
-        sampler,
-        stop,
-        init_run_state(problem, sampler, partition.num_clients, seed),
-        fstar=fstar,
-        on_metrics=metrics.append,
-        progress=False,
-    )
-    return state, metrics
 
 
 def test_local_sgd_equals_a_plain_loop_over_clients(digits):

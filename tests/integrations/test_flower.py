@@ -18,7 +18,7 @@ from torch import nn
 from stlsgd.algorithms import STLSGD, AdaComm, LocalSGD
 from stlsgd.algorithms.budget import within_budget
 from stlsgd.algorithms.plan import InverseTime
-from stlsgd.data import load_dataset, make_partition
+from stlsgd.data import make_partition
 from stlsgd.errors import StlsgdError
 from stlsgd.executors.sampling import Sampler
 from stlsgd.executors.simulator import RoundRule, StopRule, init_run_state, run
@@ -379,12 +379,6 @@ def test_a_malformed_round_is_refused_by_the_client_in_one_line(config, message)
 
 
 # --------------------------------------------------------------------------- the logistic problem as Flower clients
-
-
-@pytest.fixture(scope="module")
-def digits():
-    ds = load_dataset("digits49")
-    return ds, LogisticRegression(ds.X, ds.y)
 
 
 class LogisticClient(StlsgdClient):
