@@ -47,22 +47,14 @@ class GapFloor:
 
     def __init__(self, problem: LogisticRegression, cache_dir: Path | None = None) -> None:
         fstar = problem.optimum(cache_dir)
-        w = None
-        if cache_dir is not None:
-            path = Path(cache_dir) / "optima" / f"logistic-{problem.fingerprint()}.npz"
-            if path.is_file():
-                w = np.load(path)["w"]
+        w = None if cache_dir is None else problem.cached_minimizer(cache_dir)
         if w is None or problem.loss(w) != fstar:
             w, _ = problem.newton()
         self.fstar = fstar
         self.w = np.asarray(w, dtype=np.float64)
         X = problem.X
-        margins = problem.y * (X @ self.w)
-        p = 1.0 / (1.0 + np.exp(-margins))
-        curvature = p * (1.0 - p) / problem.num_samples
-        hessian = (X.T @ X.multiply(curvature[:, None])).toarray() + problem.lam * np.eye(problem.dim)
         # H = L L^T: Delta^T H Delta = |L^T Delta|^2, never negative whatever the rounding.
-        self.factor = np.ascontiguousarray(scipy.linalg.cholesky(hessian, lower=True).T)
+        self.factor = np.ascontiguousarray(scipy.linalg.cholesky(problem.hessian(self.w), lower=True).T)
         squared = X.multiply(X).sum(axis=1)
         self.r2 = float(np.sqrt(np.max(squared))) if X.shape[0] else 0.0
         self.r1 = float(np.max(abs(X).sum(axis=1))) if X.shape[0] else 0.0

@@ -347,10 +347,7 @@ class LogisticRegression:
             g = self.gradient(w)
             if np.linalg.norm(g) <= tol:
                 break
-            p = _expit(self.y * (self.X @ w))
-            curvature = p * (1.0 - p) / self.num_samples
-            H = (self.X.T @ self.X.multiply(curvature[:, None])).toarray() + self.lam * np.eye(self.dim)
-            step = np.linalg.solve(H, g)
+            step = np.linalg.solve(self.hessian(w), g)
             t = 1.0
             while True:  # Armijo backtracking: full steps from x_0 = 0 can overshoot on separable data
                 f_new = self.loss(w - t * step)
@@ -361,6 +358,12 @@ class LogisticRegression:
             if t == 1.0 and f_prev - f <= 1e-16 * max(1.0, abs(f)):
                 break
         return w, self.loss(w)
+
+    def hessian(self, w: np.ndarray) -> np.ndarray:
+        """The objective's Hessian at ``w``, dense d x d: X^T diag(p (1 - p) / n) X + lambda I."""
+        p = _expit(self.y * (self.X @ w))
+        curvature = p * (1.0 - p) / self.num_samples
+        return (self.X.T @ self.X.multiply(curvature[:, None])).toarray() + self.lam * np.eye(self.dim)
 
     def fingerprint(self) -> str:
         h = hashlib.sha256()
@@ -374,7 +377,7 @@ class LogisticRegression:
             return self._fstar
         path = None
         if cache_dir is not None:
-            path = Path(cache_dir) / "optima" / f"logistic-{self.fingerprint()}.npz"
+            path = self._optimum_file(cache_dir)
             if path.is_file():
                 self._fstar = float(np.load(path)["fstar"])
                 return self._fstar
@@ -388,6 +391,14 @@ class LogisticRegression:
             except OSError:
                 pass  # a read-only cache only costs a recomputation
         return self._fstar
+
+    def cached_minimizer(self, cache_dir: Path) -> np.ndarray | None:
+        """x* as :meth:`optimum` cached it beside f*, or None when no cache file holds it."""
+        path = self._optimum_file(cache_dir)
+        return np.load(path)["w"] if path.is_file() else None
+
+    def _optimum_file(self, cache_dir: Path) -> Path:
+        return Path(cache_dir) / "optima" / f"logistic-{self.fingerprint()}.npz"
 
 
 def _compact_rows(X: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
