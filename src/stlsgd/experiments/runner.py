@@ -263,10 +263,7 @@ def _rounds(
     full = _full(state, n_clients, topology)
     if rundir is None:
         return None
-    summary = summarize(exp, state, b, fstar, n_clients, job.describe())
-    if sparse is not None:  # metrics.jsonl is sparser than run.eval_every: the summary says how
-        evaluation = {"sparse": True, "kept_every_rounds": sparse.keep_every, "skipped": sparse.skipped}
-        summary = RunSummary.model_validate({**summary.to_json(), "evaluation": evaluation})
+    summary = summarize(exp, state, b, fstar, n_clients, job.describe(), sparse)
     rundir.finish(full, summary)
     return summary.to_json()
 
@@ -338,10 +335,22 @@ def _like(template: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
 
 
 def summarize(
-    exp: Experiment, state: RunState, built: Built, fstar: float | None, num_clients: int, backend: dict[str, Any]
+    exp: Experiment,
+    state: RunState,
+    built: Built,
+    fstar: float | None,
+    num_clients: int,
+    backend: dict[str, Any],
+    sparse: Sparse | None = None,
 ) -> RunSummary:
     """summary.json: the outcome, what the run computed and communicated, the last metrics, the plan and the
-    round rule as run (checked here, where it is written: a missing or mistyped field is refused)."""
+    round rule as run (checked here, where it is written: a missing or mistyped field is refused). A run that
+    evaluated sparsely says how (its metrics.jsonl is sparser than run.eval_every)."""
+    extra = (
+        {}
+        if sparse is None
+        else {"evaluation": {"sparse": True, "kept_every_rounds": sparse.keep_every, "skipped": sparse.skipped}}
+    )
     return RunSummary(
         name=exp.name,
         method=exp.algorithm.method,
@@ -365,4 +374,5 @@ def summarize(
             "outer": None if built.rule.outer is None else dataclasses.asdict(built.rule.outer),
         },
         backend=backend,
+        **extra,
     )
