@@ -207,14 +207,16 @@ def test_a_row_not_reached_in_one_panel_keeps_its_row_faded_and_is_never_starred
 
 
 def test_a_report_warns_of_runs_it_cannot_draw(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from stlsgd.experiments.report import _panels, load_sweep_dir
+    from stlsgd.experiments.report import _panels, load_sweep_dir, warn_missing_runs
 
     archive = tmp_path / "table2_a9a_iid"
     archive.mkdir()
     for name in ("best.json", "results.jsonl"):
         (archive / name).write_bytes((REPO / "docs/results/table2_data/table2_a9a_iid" / name).read_bytes())
     with caplog.at_level("WARNING", logger="stlsgd"):
-        panel = _panels([load_sweep_dir(archive)], "round")[0]
+        sweeps = [load_sweep_dir(archive)]
+        warn_missing_runs(sweeps)
+        panel = _panels(sweeps, "round")[0]
     assert panel.curves == []
     assert len(caplog.records) == 6 and all("stlsgd replay" in r.getMessage() for r in caplog.records)
 

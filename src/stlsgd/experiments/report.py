@@ -30,7 +30,7 @@ from typing import Any
 from stlsgd.costmodel import Network, check_profile_matches
 from stlsgd.errors import StlsgdError
 from stlsgd.experiments.plots import Curve, Panel, panels_figure
-from stlsgd.experiments.sweeps.results import BEST, check_best, read_results
+from stlsgd.experiments.sweeps.results import BEST, check_best, drawn_run_dir, read_results
 from stlsgd.experiments.time_report import (
     compute_figure,
     crossovers,
@@ -214,6 +214,29 @@ def write_csv(sweeps: list[dict[str, Any]], path: Path) -> None:
             writer.writerow({**row, "settings": json.dumps(row["settings"]) if row["settings"] else ""})
 
 
+def _drawn(sweep: dict[str, Any]) -> list[tuple[str, dict[str, Any], Path]]:
+    """(label, best.json entry, metrics file) of each row the figures draw: its chosen run, else its closest."""
+    out = []
+    for label, info in sweep["methods"].items():
+        if (run_dir := drawn_run_dir(info)) is not None:
+            out.append((label, info, sweep["_dir"] / run_dir / "metrics.jsonl"))
+    return out
+
+
+def warn_missing_runs(sweeps: list[dict[str, Any]]) -> None:
+    """One warning for each drawn run whose metrics are missing: an archived sweep keeps results.jsonl and
+    best.json, not its runs, and ``stlsgd replay`` draws them again."""
+    for sweep in sweeps:
+        for label, _, path in _drawn(sweep):
+            if not path.is_file():
+                log.warning(
+                    "%s: missing: row %r is not drawn (stlsgd replay %s reruns the runs the figures draw)",
+                    path,
+                    label,
+                    sweep["_dir"],
+                )
+
+
 def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
     panels = []
     for sweep in sweeps:
@@ -223,24 +246,8 @@ def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
             "objective gap f(x) - f*" if has_gap else "training loss",
             target=sweep.get("target_gap") if has_gap else None,
         )
-        for label, info in sweep["methods"].items():
-            run_dir = info.get("run_dir") or (info.get("closest") or {}).get("run_dir")
-            if not run_dir:
-                continue
-            path = sweep["_dir"] / run_dir / "metrics.jsonl"
-            if not path.is_file():
-                # An archived sweep keeps results.jsonl and best.json, not its runs: say how to draw it (once per
-                # run, though each figure asks).
-                missing = sweep.setdefault("_missing", set())
-                if path in missing:
-                    continue
-                missing.add(path)
-                log.warning(
-                    "%s: missing: row %r is not drawn (stlsgd replay %s reruns the runs the figures draw)",
-                    path,
-                    label,
-                    sweep["_dir"],
-                )
+        for label, info, path in _drawn(sweep):
+            if not path.is_file():  # warned of once by warn_missing_runs
                 continue
             rows = []
             for lineno, row in read_jsonl_numbered(path):
@@ -394,6 +401,7 @@ def _build(sweeps: list[dict[str, Any]], into: Path, prefix: str, network: Netwo
         text += time_section(sweeps, network, select)
     md.write_text(text)
     write_csv(sweeps, csv_path)
+    warn_missing_runs(sweeps)
     rounds = panels_figure(_panels(sweeps, "round"), "communication rounds", into / f"{prefix}_rounds.png", log_x=True)
     epochs = panels_figure(
         _panels(sweeps, "epochs"), "epochs (samples by all clients / n)", into / f"{prefix}_epochs.png", log_x=True

@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from stlsgd.errors import StlsgdError
-from stlsgd.experiments.sweeps.results import BEST, RESULTS, check_best, make_record, read_results, sweep_file_of
+from stlsgd.experiments.sweeps.results import (
+    BEST,
+    RESULTS,
+    check_best,
+    drawn_run_dir,
+    make_record,
+    read_results,
+    sweep_file_of,
+)
 from stlsgd.experiments.sweeps.scheduler import LocalPool
 from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, load_sweep, with_seed
 from stlsgd.files import LockedError, lock_directory, refuse_links
@@ -108,13 +116,15 @@ def plan_replays(directory: Path, config: str | Path | None = None) -> tuple[Swe
     if not records:
         raise StlsgdError(f"{directory / RESULTS}: no results; give the sweep directory with its {RESULTS}")
     source = sweep_file(directory, best, config)
-    sweep = load_sweep(source, only=[label for label in best["labels"] if _drawn(best, label)] or None)
+    sweep = load_sweep(
+        source, only=[label for label in best["labels"] if drawn_run_dir(best["methods"][label])] or None
+    )
     if sweep.name != best["sweep"]:
         raise StlsgdError(f"{source}: is sweep {sweep.name!r}, {path} is of sweep {best['sweep']!r}; give --config")
     grid = {(s.label, s.key): s for s in sweep.grid}
     replays: dict[str, Replay] = {}
     for label in best["labels"]:
-        run_dir = _drawn(best, label)
+        run_dir = drawn_run_dir(best["methods"][label])
         if run_dir is None:
             continue  # nothing ran for this row: nothing is drawn
         record = next((r for r in records if r["label"] == label and r["run_dir"] == run_dir), None)
@@ -141,13 +151,6 @@ def plan_replays(directory: Path, config: str | Path | None = None) -> tuple[Swe
     if not replays:
         raise StlsgdError(f"{path}: no row has a run to replay")
     return sweep, list(replays.values())
-
-
-def _drawn(best: dict[str, Any], label: str) -> str | None:
-    """The run the report draws for ``label``: its chosen run, else the closest one."""
-    info = best["methods"][label]
-    run_dir = info.get("run_dir") or (info.get("closest") or {}).get("run_dir")
-    return str(run_dir) if run_dir else None
 
 
 def replay(

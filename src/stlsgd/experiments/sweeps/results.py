@@ -310,3 +310,10 @@ def sweep_file_of(best: dict[str, Any]) -> Path | None:
     if "_dir" in best:
         roots += list(Path(best["_dir"]).resolve().parents)
     return next((root / local for root in roots if (root / local).is_file()), None)
+
+
+def drawn_run_dir(info: dict[str, Any]) -> str | None:
+    """The run the report draws for a row of best.json (``info``): its chosen run, else its closest one (a row
+    that never reached the target); None when the row has neither."""
+    run_dir = info.get("run_dir") or (info.get("closest") or {}).get("run_dir")
+    return str(run_dir) if run_dir else None
