@@ -12,6 +12,9 @@ from stlsgd.problems.logistic import LogisticRegression
 LAUNCHING = {"test_dropin.py", "test_lightning.py", "test_accelerate.py"}
 
 
+# tryfirst: xdist's own hook (registered after this file is loaded, so called before it otherwise) turns the
+# xdist_group marks into the node ids its scheduler groups by; a mark added after it would change nothing.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in LAUNCHING:

@@ -33,6 +33,17 @@ from stlsgd.errors import StlsgdError
 log = logging.getLogger(__name__)
 
 
+def cache_dir() -> Path:
+    """Where stlsgd keeps what it computed or parsed once (the exact optimum f* per dataset and lambda, parsed
+    datasets): $STLSGD_CACHE, else the per-user cache dir."""
+    env = os.environ.get("STLSGD_CACHE")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("stlsgd"))
+
+
 def atomic_write(
     path: Path, write: Callable[[Any], None], *, mode: str = "w", prefix: str | None = None, suffix: str = ".tmp"
 ) -> None:

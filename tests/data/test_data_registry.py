@@ -5,7 +5,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import os
 import pickle
+import subprocess
+import sys
 import tarfile
 import urllib.error
 from collections.abc import Callable
@@ -185,3 +188,41 @@ def test_fetch_cifar10(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ds = load_dataset("cifar10", tmp_path)
     assert ds.n == 10 and ds.y.tolist() == [0, 0, 1, 0, 2, 0, 3, 0, 4, 0]
     assert [p.name for p in tmp_path.joinpath("cifar10").iterdir()] == ["cifar-10-batches-py"]
+
+
+def _digest(ds) -> str:
+    arrays = (ds.X.data, ds.X.indices, ds.X.indptr, ds.y)
+    return hashlib.sha256(b"".join(f"{a.dtype}{a.shape}".encode() + a.tobytes() for a in arrays)).hexdigest()
+
+
+def test_parsed_sets_are_cached_per_source_file_and_parsed_again_when_it_changes(
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, cache = tmp_path / "data", tmp_path / "cache"
+    monkeypatch.setenv("STLSGD_CACHE", str(cache))
+    (root / "a9a").mkdir(parents=True)
+    source = root / "a9a" / "a9a.gz"
+    source.write_bytes((shared_data / "a9a" / "a9a.gz").read_bytes())
+    parses: list[str] = []
+    parse = registry.readers.read_svmlight
+    monkeypatch.setattr(registry.readers, "read_svmlight", lambda *a, **k: parses.append(str(a[0])) or parse(*a, **k))
+
+    digest = _digest(load_dataset("a9a", root))
+    assert len(parses) == 1 and len(list((cache / "datasets").glob("a9a-*.npz"))) == 1
+    assert _digest(load_dataset("a9a", root)) == digest and len(parses) == 1  # the same bytes, dtypes included
+    # The file rewritten (a new modification time) is parsed, and so checked, again.
+    source.write_bytes(source.read_bytes())
+    assert _digest(load_dataset("a9a", root)) == digest and len(parses) == 2
+    # A torn copy is a miss, said in the log: the source is parsed and the copy replaced, never read half.
+    [copy] = [c for c in (cache / "datasets").glob("a9a-*.npz") if c.stat().st_mtime_ns >= source.stat().st_mtime_ns]
+    copy.write_bytes(copy.read_bytes()[:1000])
+    assert _digest(load_dataset("a9a", root)) == digest and len(parses) == 3
+    assert "cached copy of a9a unreadable" in caplog.text and "parsing the source again" in caplog.text
+    # A new process (a sweep's worker, a torchrun rank) loads the copy without importing scikit-learn.
+    probe = f"import sys\nfrom stlsgd.data import load_dataset\nload_dataset('a9a', {str(root)!r})\n"
+    probe += "print(sorted(m for m in sys.modules if m.startswith('sklearn')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=dict(os.environ))
+    assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stderr[-2000:]
+    # The digits embedded in scikit-learn are kept too, keyed by its version.
+    digits = _digest(load_dataset("digits49"))
+    assert len(list((cache / "datasets").glob("digits49-*.npz"))) == 1 and _digest(load_dataset("digits49")) == digits

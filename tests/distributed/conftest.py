@@ -4,6 +4,7 @@ the shared torchrun launches (one per world size) whose runs the tests compare w
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,18 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
         monkeypatch.delenv(key, raising=False)
 
 
+def _claim_launch(tmp_path_factory: pytest.TempPathFactory, world: int) -> None:
+    """Under pytest-xdist, fail when another worker has launched this world size too: the comparisons are meant
+    to share one launch (tests/conftest.py groups them), and a broken grouping would double their cost unseen."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    run = tmp_path_factory.getbasetemp().parent  # shared by this run's workers
+    (run / f"torchrun-world{world}-{worker}").touch()
+    others = sorted(p.name for p in run.glob(f"torchrun-world{world}-*") if not p.name.endswith(f"-{worker}"))
+    assert not others, f"{others}: the torchrun comparisons were not kept on one xdist worker (--dist loadgroup)"
+
+
 @pytest.fixture(scope="session")
 def dist_runs(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Callable[[int, str], Path]:
     """``dist_runs(world, job)``: the directory of ``job`` (dist_jobs.JOBS) after the launch of ``world`` ranks,
@@ -29,6 +42,7 @@ def dist_runs(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Ca
 
     def get(world: int, name: str) -> Path:
         if world not in launched:
+            _claim_launch(tmp_path_factory, world)
             root = tmp_path_factory.mktemp(f"dist{world}")
             jobs = [
                 {

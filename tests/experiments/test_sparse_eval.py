@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stlsgd.experiments.build import build, cache_dir
+from stlsgd.experiments.build import build
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
 from stlsgd.experiments.sweeps.spec import load_sweep
 from stlsgd.experiments.sweeps.worker import _built_for, run_task
+from stlsgd.files import cache_dir
 from stlsgd.problems.bounds import floor_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import logging
 import os
 import shutil
 import stat
@@ -17,9 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import scipy.sparse as sp
+
 from stlsgd.data import readers
 from stlsgd.data.dataset import Dataset
 from stlsgd.errors import DataError
+from stlsgd.files import atomic_write, cache_dir
+
+log = logging.getLogger(__name__)
 
 ENV_VAR = "STLSGD_DATA"
 _LIBSVM = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary/"
@@ -113,6 +120,9 @@ class DatasetSpec:
     #: What a model needs to know without loading the data: d of a binary set, (channels, side, classes) of images.
     features: int | None = None
     image: tuple[int, int, int] | None = None
+    #: Parsed once and kept under the cache dir: the sets scikit-learn parses, whose import and parse alone cost
+    #: about two seconds in every process that loads them (a sweep's workers, torchrun's ranks).
+    cached: bool = False
 
 
 def _svm(name: str, rel: str, n_features: int, rows: int) -> Callable[[Path], Dataset]:
@@ -144,9 +154,14 @@ DATASETS: dict[str, DatasetSpec] = {
             _svm("a9a", "a9a/a9a.gz", 123, 32_561),
             "UCI Adult, 32,561 x 123, binary",
             features=123,
+            cached=True,
         ),
         DatasetSpec(
-            "a9a-test", ("a9a/a9a.t.gz",), _svm("a9a-test", "a9a/a9a.t.gz", 123, 16_281), "a9a test split, 16,281 x 123"
+            "a9a-test",
+            ("a9a/a9a.t.gz",),
+            _svm("a9a-test", "a9a/a9a.t.gz", 123, 16_281),
+            "a9a test split, 16,281 x 123",
+            cached=True,
         ),
         DatasetSpec(
             "mnist49",
@@ -170,6 +185,7 @@ DATASETS: dict[str, DatasetSpec] = {
             lambda r: readers.digits_binary(4, 9),
             "scikit-learn digits 4 vs 9, 361 x 64 (embedded)",
             features=64,
+            cached=True,
         ),
         DatasetSpec(
             "w8a",
@@ -177,9 +193,14 @@ DATASETS: dict[str, DatasetSpec] = {
             _svm("w8a", "w8a/w8a.gz", 300, 49_749),
             "LIBSVM w8a, 49,749 x 300, binary",
             features=300,
+            cached=True,
         ),
         DatasetSpec(
-            "w8a-test", ("w8a/w8a.t.gz",), _svm("w8a-test", "w8a/w8a.t.gz", 300, 14_951), "w8a test split, 14,951 x 300"
+            "w8a-test",
+            ("w8a/w8a.t.gz",),
+            _svm("w8a-test", "w8a/w8a.t.gz", 300, 14_951),
+            "w8a test split, 14,951 x 300",
+            cached=True,
         ),
         DatasetSpec(
             "mushrooms",
@@ -187,6 +208,7 @@ DATASETS: dict[str, DatasetSpec] = {
             _svm("mushrooms", "mushrooms/mushrooms.gz", 112, 8_124),
             "UCI Mushroom, 8,124 x 112, binary",
             features=112,
+            cached=True,
         ),
         DatasetSpec(
             "cifar10",
@@ -305,7 +327,62 @@ def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) -> D
             raise DataError(f"{blocker[0]}: {blocker[1]}; remove it, then {remedy}")
         if _kind(path) != "file":
             raise DataError(f"{path}: not found; {remedy}")
-    return spec.load(root)
+    if not spec.cached:
+        return spec.load(root)
+    cached = cache_dir() / "datasets" / f"{name}-{_source_key(spec, root)}.npz"
+    dataset = _read_cached(cached, name)
+    if dataset is None:
+        dataset = spec.load(root)
+        _write_cached(cached, dataset)
+    return dataset
+
+
+#: Bump when a reader's output changes, so that copies an older reader cached are parsed again.
+_CACHE_FORMAT = "1"
+
+
+def _source_key(spec: DatasetSpec, root: Path) -> str:
+    """What a cached copy was parsed from: each file's path, size and modification time, or, for a set embedded
+    in scikit-learn, its version. A file changed in any way is parsed again (and checked again)."""
+    from importlib.metadata import version
+
+    parts = [spec.name, _CACHE_FORMAT, version("numpy")]
+    if not spec.paths:
+        parts.append(version("scikit-learn"))
+    for rel in spec.paths:
+        path = (root / rel).resolve()
+        st = path.stat()
+        parts += [str(path), str(st.st_size), str(st.st_mtime_ns)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def _read_cached(path: Path, name: str) -> Dataset | None:
+    """The CSR dataset cached at ``path``; None when there is none or it cannot be read (parsed again then)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            # Filled in place: the constructor would narrow int64 indices to int32, and the data's fingerprint
+            # (which a checkpoint's resume checks) hashes the dtypes as loaded.
+            X = sp.csr_matrix(tuple(z["shape"]), dtype=z["data"].dtype)
+            X.data, X.indices, X.indptr = z["data"], z["indices"], z["indptr"]
+            X.check_format()
+            return Dataset(name=str(z["name"]), X=X, y=z["y"], num_classes=int(z["num_classes"]))
+    except FileNotFoundError:
+        return None
+    except Exception as err:  # noqa: BLE001 -- a torn or foreign file is only a cache miss
+        log.warning("%s: cached copy of %s unreadable (%s); parsing the source again", path, name, err)
+        return None
+
+
+def _write_cached(path: Path, ds: Dataset) -> None:
+    X = sp.csr_matrix(ds.X)  # the cached sets are binary, CSR already (no copy)
+    arrays = {"data": X.data, "indices": X.indices, "indptr": X.indptr, "shape": np.array(X.shape), "y": ds.y}
+    arrays |= {"num_classes": np.array(ds.num_classes), "name": np.array(ds.name)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # A temporary file and a rename: processes loading the same set at once never read half a file.
+        atomic_write(path, lambda fh: np.savez(fh, **arrays), mode="wb")
+    except OSError as err:  # a read-only or full cache only costs a parse next time
+        log.info("%s: not cached (%s)", path, err)
 
 
 # --------------------------------------------------------------------------- fetch

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import platformdirs
 import scipy.sparse as sp
 
 from stlsgd.algorithms import MethodConfig, Plan, PlanContext
@@ -45,11 +44,6 @@ class Built:
     rule: RoundRule = PLAIN
     #: The method's settings as run (``algorithm.auto`` resolved).
     algorithm: MethodConfig | None = None
-
-
-def cache_dir() -> Path:
-    """Where computed facts (the exact optimum f* per dataset and lambda) are kept: $STLSGD_CACHE or the user cache."""
-    return Path(os.environ.get("STLSGD_CACHE") or platformdirs.user_cache_dir("stlsgd"))
 
 
 def stop_rule(exp: Experiment, has_optimum: bool) -> StopRule:

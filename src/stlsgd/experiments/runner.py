@@ -25,10 +25,11 @@ from stlsgd.executors import distributed
 from stlsgd.executors.averaging import replicate
 from stlsgd.executors.sampling import Sampler
 from stlsgd.executors.simulator import Callback, RunState, Sparse, Topology, run
-from stlsgd.experiments.build import Built, build, cache_dir, stop_rule
+from stlsgd.experiments.build import Built, build, stop_rule
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.records import RunSummary
 from stlsgd.experiments.rundir import CHECKPOINT_FILE, RunDirectory, Start, check_checkpoint_every
+from stlsgd.files import cache_dir
 from stlsgd.problems.bounds import floor_for
 from stlsgd.problems.logistic import LogisticRegression
 from stlsgd.threads import share_cores
