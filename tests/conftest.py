@@ -11,6 +11,12 @@ from stlsgd.problems.logistic import LogisticRegression
 # tests/reliability/test_sweep_kill.py and tests/benchmarks/ carry the mark themselves (pytestmark).
 LAUNCHING = {"test_dropin.py", "test_lightning.py", "test_accelerate.py"}
 
+# Fixtures made once per module (or session) that launch processes or run a sweep. Under pytest-xdist (`-n`,
+# `--dist loadgroup`, as .ci/checks runs) the tests using one go to one worker, or every worker would make it
+# again: the simulator-vs-torchrun comparisons (one torchrun launch per world size) as one group, the others by
+# module.
+SHARED = {"dist_runs", "ddp_fits", "cluster", "local_best", "swept", "finished_sweep"}
+
 
 # tryfirst: xdist's own hook (registered after this file is loaded, so called before it otherwise) turns the
 # xdist_group marks into the node ids its scheduler groups by; a mark added after it would change nothing.
@@ -19,11 +25,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.name in LAUNCHING:
             item.add_marker(pytest.mark.launch)
-        # The simulator-vs-torchrun comparisons share one torchrun launch per world size (a session fixture):
-        # under pytest-xdist (`-n`, `--dist loadgroup`, as .ci/checks runs) they all go to one worker, which
-        # launches each world size once.
-        if "dist_runs" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("torchrun"))
+        shared = SHARED.intersection(getattr(item, "fixturenames", ()))
+        if shared:
+            item.add_marker(pytest.mark.xdist_group("torchrun" if "dist_runs" in shared else item.path.stem))
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +36,19 @@ def shared_data() -> Path:
     path = Path(__file__).resolve().parents[1].parent / "shared" / "data"
     assert path.is_dir(), f"{path}: shared data folder missing"
     return path
+
+
+@pytest.fixture(scope="session")
+def private_cache(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
+    """A cache dir of this test session, for the tests that must neither read nor write the user's (f*, parsed
+    data), holding the parsed a9a and digits already: the processes they launch read them instead of each
+    parsing."""
+    cache = tmp_path_factory.getbasetemp() / "stlsgd-cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STLSGD_CACHE", str(cache))
+        load_dataset("a9a", shared_data)
+        load_dataset("digits49")
+    return cache
 
 
 @pytest.fixture(scope="module")

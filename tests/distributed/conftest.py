@@ -1,5 +1,6 @@
-"""Fixtures of the distributed tests: a private f* cache (launched ranks inherit it through the environment), and
-the shared torchrun launches (one per world size) whose runs the tests compare with the simulator."""
+"""Fixtures of the distributed tests: the session's private cache (tests/conftest.py; launched ranks inherit it
+through the environment), and the shared torchrun launches (one per world size) whose runs the tests compare with
+the simulator."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from launch import REPO, TORCHRUN, free_port, launch_env
 
 
 @pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("STLSGD_CACHE", str(tmp_path_factory.getbasetemp() / "stlsgd-cache"))
+def _private_cache(private_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STLSGD_CACHE", str(private_cache))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
 
@@ -34,11 +35,12 @@ def _claim_launch(tmp_path_factory: pytest.TempPathFactory, world: int) -> None:
 
 
 @pytest.fixture(scope="session")
-def dist_runs(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Callable[[int, str], Path]:
+def dist_runs(
+    tmp_path_factory: pytest.TempPathFactory, shared_data: Path, private_cache: Path
+) -> Callable[[int, str], Path]:
     """``dist_runs(world, job)``: the directory of ``job`` (dist_jobs.JOBS) after the launch of ``world`` ranks,
     which runs every job of that world size once per session, on the first request."""
     launched: dict[int, tuple[Path, subprocess.CompletedProcess]] = {}
-    cache = tmp_path_factory.getbasetemp() / "stlsgd-cache"
 
     def get(world: int, name: str) -> Path:
         if world not in launched:
@@ -64,7 +66,12 @@ def dist_runs(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Ca
                 str(root / "jobs.json"),
             ]
             result = subprocess.run(
-                cmd, cwd=REPO, env=launch_env(STLSGD_CACHE=str(cache)), capture_output=True, text=True, timeout=600
+                cmd,
+                cwd=REPO,
+                env=launch_env(STLSGD_CACHE=str(private_cache)),
+                capture_output=True,
+                text=True,
+                timeout=600,
             )
             launched[world] = root, result
         root, result = launched[world]

@@ -11,9 +11,8 @@ from stlsgd.cli import main
 
 
 @pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    # f* is cached on disk; tests must neither read nor write the user's cache.
-    monkeypatch.setenv("STLSGD_CACHE", str(tmp_path_factory.getbasetemp() / "stlsgd-cache"))
+def _private_cache(private_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STLSGD_CACHE", str(private_cache))
 
 
 CliResult = tuple[int, str, str]
