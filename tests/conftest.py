@@ -1,11 +1,21 @@
 """Shared fixtures, and the ``launch`` mark for the test modules of other owners that start ranks."""
 
+import os
 from pathlib import Path
 
 import pytest
 
-from stlsgd.data import load_dataset
-from stlsgd.problems.logistic import LogisticRegression
+# Under pytest-xdist each worker, and every process its tests launch (they inherit the environment), computes on
+# its share of the cores: numba's and OpenMP's threads of one test competing with another worker's only burn CPU
+# (the a9a acceptance run takes 13 s of CPU on one thread, 20 s on two while the other core is busy). Set before
+# numba or torch is imported (by stlsgd below, or by a test module), which read these once.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _share = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    for _var in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ.setdefault(_var, _share)
+
+from stlsgd.data import load_dataset  # noqa: E402
+from stlsgd.problems.logistic import LogisticRegression  # noqa: E402
 
 # Modules that launch torchrun ranks or a framework's own ranks; the modules of tests/distributed/,
 # tests/reliability/test_sweep_kill.py and tests/benchmarks/ carry the mark themselves (pytestmark).
