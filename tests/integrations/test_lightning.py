@@ -7,8 +7,8 @@ checkpoints, a resume from a round boundary, and a resume from the middle of a r
 from __future__ import annotations
 
 import copy
+from typing import Any
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from adapter_helpers import HERE, PYTHON, free_port, ranks, run
@@ -18,7 +18,10 @@ from torch.utils.data import DataLoader, TensorDataset
 from stlsgd.algorithms import STLSGD, LocalSGD
 from stlsgd.dropin import PlanAverager
 from stlsgd.errors import StlsgdError
-from stlsgd.integrations.lightning import StlsgdCallback
+
+# lightning is imported by the tests that use it, and they all run on one xdist worker: importing it at collection
+# cost every worker three seconds.
+pytestmark = pytest.mark.xdist_group("test_lightning")
 
 
 @pytest.fixture(scope="module")
@@ -89,26 +92,41 @@ def test_a_fit_resumed_from_the_middle_of_a_round_finishes_that_round(ddp_fits: 
 # --------------------------------------------------------------------------- one process, refusals
 
 
-class _Tiny(pl.LightningModule):
-    def __init__(self, manual: bool = False) -> None:
-        super().__init__()
-        self.automatic_optimization = not manual
-        self.net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+def _lightning() -> tuple[Any, Any]:
+    """``lightning.pytorch`` and :class:`StlsgdCallback` (which subclasses lightning's Callback)."""
+    import lightning.pytorch as pl
 
-    def training_step(self, batch, batch_idx):
-        loss = nn.functional.cross_entropy(self.net(batch[0]), batch[1])
-        if not self.automatic_optimization:
-            opt = self.optimizers()
-            opt.zero_grad()
-            self.manual_backward(loss)
-            opt.step()
-        return loss
+    from stlsgd.integrations.lightning import StlsgdCallback
 
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+    return pl, StlsgdCallback
 
 
-def _fit(module: pl.LightningModule, callback: StlsgdCallback, steps: int) -> pl.Trainer:
+def _tiny(manual: bool = False) -> Any:
+    pl, _ = _lightning()
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = not manual
+            self.net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+
+        def training_step(self, batch, batch_idx):
+            loss = nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+            if not self.automatic_optimization:
+                opt = self.optimizers()
+                opt.zero_grad()
+                self.manual_backward(loss)
+                opt.step()
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Tiny()
+
+
+def _fit(module: Any, callback: Any, steps: int) -> Any:
+    pl, _ = _lightning()
     data = TensorDataset(torch.randn(64, 3), torch.randint(0, 2, (64,)))
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -125,23 +143,26 @@ def _fit(module: pl.LightningModule, callback: StlsgdCallback, steps: int) -> pl
 
 
 def test_a_single_device_fit_counts_rounds_without_averaging() -> None:
+    _, StlsgdCallback = _lightning()
     callback = StlsgdCallback(LocalSGD(k=3))
-    _fit(_Tiny(), callback, 7)
+    _fit(_tiny(), callback, 7)
     stats = callback.averager.stats
     assert (callback.averager.iteration, stats.round, stats.averages, stats.bytes_sent) == (7, 2, 0, 0)
     assert callback.state_dict()["cursor"]["iteration"] == 6 and callback.state_dict()["step"] == 1
 
 
 def test_drift_passes_through_to_the_averager() -> None:
+    _, StlsgdCallback = _lightning()
     callback = StlsgdCallback(LocalSGD(k=3), drift=True)
-    _fit(_Tiny(), callback, 6)
+    _fit(_tiny(), callback, 6)
     assert callback.averager.drift and callback.state_dict()["drift"]
     assert all(c.abs().sum() > 0 for c in callback.state_dict()["control"])  # one process: c_i = c, kept
 
 
 def test_manual_optimization_is_refused_in_one_line() -> None:
+    _, StlsgdCallback = _lightning()
     with pytest.raises(StlsgdError, match="^StlsgdCallback: manual optimization is not supported") as err:
-        _fit(_Tiny(manual=True), StlsgdCallback(LocalSGD(k=2)), 2)
+        _fit(_tiny(manual=True), StlsgdCallback(LocalSGD(k=2)), 2)
     assert "\n" not in str(err.value)
 
 
@@ -149,10 +170,11 @@ def test_proximal_plans_run_as_in_a_plain_loop() -> None:
     # Lightning computes the gradients inside optimizer.step(closure); the drop-in adds the proximal gradient
     # after the closure's, so a fit equals the drop-in in a plain loop.
     plan = STLSGD(lr=0.1, T1=2, k1=1.0, gamma=0.5)
+    pl, StlsgdCallback = _lightning()
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(48, 3), torch.randint(0, 2, (48,)))
     torch.manual_seed(1)
-    module = _Tiny()
+    module = _tiny()
     start = copy.deepcopy(module.state_dict())
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -165,7 +187,7 @@ def test_proximal_plans_run_as_in_a_plain_loop() -> None:
         enable_model_summary=False,
     )
     trainer.fit(module, DataLoader(data, batch_size=8))
-    plain = _Tiny()
+    plain = _tiny()
     plain.load_state_dict(start)
     optimizer = torch.optim.SGD(plain.parameters(), lr=0.1)
     PlanAverager(plain, optimizer, plan, plan_lr=True)
