@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,3 +33,42 @@ def launch_env(**extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def run_ranks(world: int, args: list[str | Path], timeout: float, **extra: str) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` as ``world`` ranks with the environment torchrun gives its ranks (RANK, WORLD_SIZE,
+    LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), without torchrun's agent: a process that imports
+    torch (seconds of CPU) saved where the agent is not what a test is about (tests/distributed/ test torchrun
+    itself: its agent ending a job, two nodes rendezvousing, a run resumed under it). The first non-zero exit
+    status (else 0), and every rank's output, rank by rank."""
+    port = str(free_port())
+    ranks = [
+        subprocess.Popen(
+            [PYTHON, *map(str, args)],
+            cwd=REPO,
+            env=launch_env(
+                RANK=str(r),
+                LOCAL_RANK=str(r),
+                WORLD_SIZE=str(world),
+                LOCAL_WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                **extra,
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    code = next((p.returncode for p in ranks if p.returncode), 0)
+    return subprocess.CompletedProcess(
+        [PYTHON, *map(str, args)], code, "".join(o for o, _ in outputs), "".join(e for _, e in outputs)
+    )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from dist_jobs import JOBS, config_of, sets_of
-from launch import REPO, TORCHRUN, free_port, launch_env
+from launch import REPO, run_ranks
 
 
 @pytest.fixture(autouse=True)
@@ -57,21 +57,11 @@ def dist_runs(
                 for job in JOBS[world]
             ]
             (root / "jobs.json").write_text(json.dumps(jobs, indent=1))
-            cmd = [
-                TORCHRUN,
-                f"--nproc_per_node={world}",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-                str(REPO / "tests" / "distributed" / "dist_worker.py"),
-                str(root / "jobs.json"),
-            ]
-            result = subprocess.run(
-                cmd,
-                cwd=REPO,
-                env=launch_env(STLSGD_CACHE=str(private_cache)),
-                capture_output=True,
-                text=True,
+            result = run_ranks(
+                world,
+                [REPO / "tests" / "distributed" / "dist_worker.py", root / "jobs.json"],
                 timeout=600,
+                STLSGD_CACHE=str(private_cache),
             )
             launched[world] = root, result
         root, result = launched[world]

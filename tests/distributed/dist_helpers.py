@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
-from launch import PYTHON, REPO, TORCHRUN, free_port, launch_env  # noqa: F401  (re-exported to the tests)
+from launch import PYTHON, REPO, TORCHRUN, free_port, launch_env, run_ranks  # noqa: F401  (re-exported to the tests)
 
 
 def on_thread_ranks(world: int, fn: Callable[[dist.ProcessGroup], Any], timeout_s: float = 20.0) -> list[Any]:
@@ -38,22 +38,7 @@ def on_thread_ranks(world: int, fn: Callable[[dist.ProcessGroup], Any], timeout_
     return results
 
 
-def torchrun_worker(script: str, out: Any, nproc: int = 2, timeout_s: float = 240) -> Any:
-    """Run ``tests/distributed/<script> OUT`` under torchrun with ``nproc`` ranks; the finished process."""
-    import subprocess
-
-    return subprocess.run(
-        [
-            TORCHRUN,
-            f"--nproc_per_node={nproc}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            REPO / "tests" / "distributed" / script,
-            out,
-        ],
-        cwd=REPO,
-        env=launch_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+def launch_worker(script: str, out: Any, nproc: int = 2, timeout_s: float = 240) -> Any:
+    """Run ``tests/distributed/<script> OUT`` as ``nproc`` ranks started as torchrun starts them (tests/launch.py);
+    the finished processes."""
+    return run_ranks(nproc, [REPO / "tests" / "distributed" / script, out], timeout=timeout_s)

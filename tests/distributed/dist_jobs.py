@@ -1,7 +1,7 @@
-"""The runs of the shared torchrun launches (one per world size, session-scoped: tests/distributed/conftest.py)
+"""The runs of the shared launches (one per world size, session-scoped: tests/distributed/conftest.py)
 that the distributed tests compare with the simulator. A test names its job and reads its directory.
 
-Each launch costs a torchrun start, a process group and the imports on every rank; one launch per world size
+Each launch costs a process group and the imports on every rank; one launch per world size
 serves every comparison at that size (tests/distributed/dist_worker.py runs them in turn).
 """
 

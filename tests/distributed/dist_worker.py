@@ -1,4 +1,5 @@
-"""Started by torchrun from the distributed tests: one process group, many runs (one launch serves them all).
+"""Started as the ranks of a job from the distributed tests, with torchrun's environment (tests/launch.py:
+run_ranks): one process group, many runs (one launch serves them all). By hand:
 
     torchrun --nproc_per_node=P tests/distributed/dist_worker.py JOBS.json
 

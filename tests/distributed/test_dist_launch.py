@@ -1,6 +1,7 @@
 """The torch.distributed executor under real launches (gloo, loopback only), checked against the simulator.
 
-- 4 ranks from one ``torchrun`` (the session's shared launch, tests/distributed/dist_jobs.py): three configs
+- 4 ranks of the session's shared launch (started with torchrun's environment, tests/distributed/dist_jobs.py):
+  three configs
   (uneven clients per rank, STL-SGD^nc's proximal term, a target reached mid-stage, Local SGD with
   mini-batches, lr decay and an iteration-based evaluation schedule) end with the simulator's round counts,
   metrics and parameters;
@@ -100,7 +101,7 @@ def _run(cmd: list, timeout: float, **kw) -> subprocess.CompletedProcess:
     return result
 
 
-def test_four_torchrun_ranks_match_the_simulator(tmp_path: Path, dist_runs) -> None:
+def test_four_ranks_match_the_simulator(tmp_path: Path, dist_runs) -> None:
     for name in ("nc_uneven", "sc_target", "local_noniid"):
         config = write_config(tmp_path, name)
         _simulate(config, tmp_path / "sim" / name)

@@ -1,8 +1,9 @@
-"""The one run lifecycle under real launches: simulator and torchrun bit for bit after every round, on any
-number of ranks, and a run killed between its final checkpoint and its summary resumed without a step more.
+"""The one run lifecycle under real launches: simulator and torch.distributed bit for bit after every round, on
+any number of ranks, and a run killed between its final checkpoint and its summary resumed without a step more
+(under torchrun).
 
-The torchrun sides of the comparisons come from the session's shared launches (one per world size:
-tests/distributed/dist_jobs.py, run by tests/distributed/dist_worker.py)."""
+The distributed sides of the comparisons come from the session's shared launches (one per world size, ranks
+started with torchrun's environment: tests/distributed/dist_jobs.py, run by tests/distributed/dist_worker.py)."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def test_simulator_and_1_2_4_ranks_average_to_the_same_bits_after_every_round(
     assert np.abs(w).max() > 0.1
 
 
-def test_drift_correction_and_the_outer_step_under_torchrun_are_the_simulators_bits(tmp_path: Path, dist_runs) -> None:
+def test_drift_correction_and_the_outer_step_on_ranks_are_the_simulators_bits(tmp_path: Path, dist_runs) -> None:
     # 5 clients on 2 ranks (3 + 2): the control variates are per client, gathered for the checkpoints.
     config = write_config(tmp_path, "drift")
     sim: list[np.ndarray] = []
@@ -89,7 +90,7 @@ def test_drift_correction_and_the_outer_step_under_torchrun_are_the_simulators_b
 
 
 @pytest.mark.parametrize("method", ["adacomm", "qsr"])
-def test_the_new_schedules_under_torchrun_are_the_simulators_bits(tmp_path: Path, method: str, dist_runs) -> None:
+def test_the_new_schedules_on_ranks_are_the_simulators_bits(tmp_path: Path, method: str, dist_runs) -> None:
     # AdaComm reads the loss rank 0 evaluates (broadcast with the verdict); QSR's period follows its own lr.
     config = write_config(tmp_path, method)
     run_experiment(load_config(config), tmp_path / "sim", progress=False)

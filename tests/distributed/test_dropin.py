@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from dist_helpers import on_thread_ranks, torchrun_worker
+from dist_helpers import launch_worker, on_thread_ranks
 from torch import nn
 
 from stlsgd.algorithms import CRPSGD, QSR, STLSGD, LocalSGD, LRCoupled, PostLocalSGD
@@ -145,7 +145,7 @@ def test_momentum_at_an_average_follows_the_policy(policy: str) -> None:
 def test_ddp_accumulation_and_amp_keep_working_without_ddps_per_step_all_reduce(tmp_path: Path) -> None:
     # Real processes: DDP needs a registered process group. The worker trains a DDP-wrapped model with two
     # micro-batches a step (the first under ddp.no_sync()), autocast and a GradScaler that skips one step.
-    result = torchrun_worker("dropin_ddp_worker.py", tmp_path, timeout_s=180)
+    result = launch_worker("dropin_ddp_worker.py", tmp_path, timeout_s=180)
     assert result.returncode == 0, result.stderr[-3000:]
     a, b = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     for res in (a, b):

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from dist_helpers import torchrun_worker
+from dist_helpers import launch_worker
 
 from stlsgd.data import load_dataset, make_partition
 from stlsgd.executors.rules import RoundRule
@@ -35,13 +35,13 @@ def _simulate(drift: bool) -> np.ndarray:
 
 
 def test_drop_in_drift_is_the_simulators_and_resumes_exactly(tmp_path: Path) -> None:
-    """2 torchrun ranks (gloo), plain SGD, the simulator's mini-batches and learning rates.
+    """2 ranks (gloo, started with torchrun's environment), plain SGD, the simulator's mini-batches and learning rates.
 
     Not bit for bit: the simulator's compiled kernel applies the L2 term as a running scale of the weights and
     touches only the sampled row's non-zeros, while the drop-in's autograd adds lambda w to the full gradient;
     the two orders of the same arithmetic differ in the last bits, so the parameters agree to rtol 1e-10 (the
     tolerance the simulator's own SCAFFOLD reference test uses). The resume is exact (same process order)."""
-    result = torchrun_worker("dropin_drift_worker.py", tmp_path, timeout_s=240)
+    result = launch_worker("dropin_drift_worker.py", tmp_path, timeout_s=240)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     drifted, plain = _simulate(True), _simulate(False)
