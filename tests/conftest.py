@@ -23,8 +23,8 @@ LAUNCHING = {"test_dropin.py", "test_lightning.py", "test_accelerate.py"}
 
 # Fixtures made once per module (or session) that launch processes or run a sweep. Under pytest-xdist (`-n`,
 # `--dist loadgroup`, as .ci/checks runs) the tests using one go to one worker, or every worker would make it
-# again: the simulator-vs-torchrun comparisons (one torchrun launch per world size) as one group, the others by
-# module.
+# again: the simulator-vs-distributed comparisons (one launch of ranks per world size) as one group, the others
+# by module.
 SHARED = {"dist_runs", "ddp_fits", "cluster", "local_best", "swept", "finished_sweep"}
 
 

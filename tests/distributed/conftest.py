@@ -1,6 +1,6 @@
 """Fixtures of the distributed tests: the session's private cache (tests/conftest.py; launched ranks inherit it
-through the environment), and the shared torchrun launches (one per world size) whose runs the tests compare with
-the simulator."""
+through the environment), and the shared launches (one per world size, ranks started with torchrun's environment)
+whose runs the tests compare with the simulator."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _claim_launch(tmp_path_factory: pytest.TempPathFactory, world: int) -> None:
     run = tmp_path_factory.getbasetemp().parent  # shared by this run's workers
     (run / f"torchrun-world{world}-{worker}").touch()
     others = sorted(p.name for p in run.glob(f"torchrun-world{world}-*") if not p.name.endswith(f"-{worker}"))
-    assert not others, f"{others}: the torchrun comparisons were not kept on one xdist worker (--dist loadgroup)"
+    assert not others, f"{others}: the simulator comparisons were not kept on one xdist worker (--dist loadgroup)"
 
 
 @pytest.fixture(scope="session")
