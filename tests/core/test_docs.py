@@ -1,6 +1,5 @@
 """The README's methods table is the registry's: adding a method shows up in the docs or fails here."""
 
-import subprocess
 from pathlib import Path
 
 from stlsgd.algorithms.registry import REGISTRY, methods_table
@@ -15,11 +14,9 @@ def test_the_readme_lists_every_registered_method_with_its_fields() -> None:
 
 
 def test_ci_runs_the_readmes_test_command_as_written() -> None:
-    """CI must run what a user runs: .ci/run reads the README's second command and runs it, character for
-    character (``--print`` shows what it would run)."""
+    """CI must run what a user runs: the last line of .ci/run is the README's second command, character for
+    character."""
     fence = README.read_text().split("```bash\n", 1)[1].split("```", 1)[0]
     test_command = fence.strip().splitlines()[1]
-    shown = subprocess.run(
-        [str(README.parent / ".ci" / "run"), "--print"], capture_output=True, text=True, check=True, timeout=30
-    )
-    assert shown.stdout == test_command + "\n", (shown.stdout, test_command)
+    ci_run = (README.parent / ".ci" / "run").read_text().strip().splitlines()
+    assert ci_run[-1] == test_command, (ci_run[-1], test_command)
