@@ -41,10 +41,10 @@ def run_ranks(world: int, args: list[str | Path], timeout: float, **extra: str) 
     torch (seconds of CPU) saved where the agent is not what a test is about (tests/distributed/ test torchrun
     itself: its agent ending a job, two nodes rendezvousing, a run resumed under it). The first non-zero exit
     status (else 0), and every rank's output, rank by rank."""
-    port = str(free_port())
+    port, cmd = str(free_port()), [PYTHON, *map(str, args)]
     ranks = [
         subprocess.Popen(
-            [PYTHON, *map(str, args)],
+            cmd,
             cwd=REPO,
             env=launch_env(
                 RANK=str(r),
@@ -69,6 +69,4 @@ def run_ranks(world: int, args: list[str | Path], timeout: float, **extra: str) 
                 p.kill()
                 p.wait()
     code = next((p.returncode for p in ranks if p.returncode), 0)
-    return subprocess.CompletedProcess(
-        [PYTHON, *map(str, args)], code, "".join(o for o, _ in outputs), "".join(e for _, e in outputs)
-    )
+    return subprocess.CompletedProcess(cmd, code, "".join(o for o, _ in outputs), "".join(e for _, e in outputs))

@@ -63,10 +63,12 @@ def reap(pid: int, timeout: float) -> int:
     return os.waitpid(pid, 0)[1]
 
 
-def _orphans_of_a_killed_sweep(config: Path, out: Path, fault: str, timeout: float) -> dict[int, int]:
-    """Run ``stlsgd sweep config --jobs 2`` with ``$STLSGD_FAULT=fault``, which must SIGKILL the sweep; the wait
-    status of each process it left behind (its workers, multiprocessing's resource tracker), each reaped within
-    ``timeout`` seconds of the sweep's death."""
+def _orphans_of_a_killed_sweep(tmp_path: Path, fault: str, timeout: float) -> dict[int, int]:
+    """Run ``stlsgd sweep --jobs 2`` of two runs too long to finish with ``$STLSGD_FAULT=fault``, which must
+    SIGKILL the sweep; the wait status of each process it left behind (its workers, multiprocessing's resource
+    tracker), each reaped within ``timeout`` seconds of the sweep's death."""
+    config, out = tmp_path / "long.toml", tmp_path / "out"
+    config.write_text(SWEEP.format(max_iterations=10**9, lrs=[0.01, 0.02]))
     before = children(os.getpid())
     subreaper(True)  # the sweep's orphans become this process's children: it can wait for them
     try:
@@ -88,13 +90,9 @@ def _orphans_of_a_killed_sweep(config: Path, out: Path, fault: str, timeout: flo
 
 
 def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
-    config = tmp_path / "long.toml"
-    config.write_text(SWEEP.format(max_iterations=10**9, lrs=[0.01, 0.02]))
     fired = tmp_path / "fired"
     # The first worker to finish round 3 SIGKILLs the sweep (its parent) and computes on until the kernel ends it.
-    statuses = _orphans_of_a_killed_sweep(
-        config, tmp_path / "out", f"die-after-round=3,once={fired},target=parent", timeout=30
-    )
+    statuses = _orphans_of_a_killed_sweep(tmp_path, f"die-after-round=3,once={fired},target=parent", timeout=30)
     assert fired.is_file()
     # The worker that was computing (and any other that had started its run) was ended by SIGTERM, the death
     # signal it asked the kernel for; the others (a worker still starting, the resource tracker) ended by
@@ -104,15 +102,11 @@ def test_workers_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
 
 
 def test_workers_still_starting_end_when_the_sweep_is_killed(tmp_path: Path) -> None:
-    config = tmp_path / "long.toml"
-    config.write_text(SWEEP.format(max_iterations=10**9, lrs=[0.01, 0.02]))
     fired = tmp_path / "fired"
     # The first worker to come up SIGKILLs the sweep, its parent, before it asks the kernel for the parent-death
     # signal: the window a kill from outside could only hope to hit (the kernel's signal only covers a parent
     # alive when it is asked for, so each worker checks its parent once it has asked).
-    statuses = _orphans_of_a_killed_sweep(
-        config, tmp_path / "out", f"die-at=worker-start,once={fired},target=parent", timeout=90
-    )
+    statuses = _orphans_of_a_killed_sweep(tmp_path, f"die-at=worker-start,once={fired},target=parent", timeout=90)
     assert fired.is_file()
     # The worker that killed the sweep waited for its death, asked for the parent-death signal too late to get
     # it, found its parent gone and ended itself with status 1 (the other worker, started or not, ends either way).
