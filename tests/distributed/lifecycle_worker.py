@@ -1,4 +1,5 @@
-"""Started by torchrun from the distributed tests, to kill a run at a chosen instant.
+"""Started as ranks (tests/launch.py run_ranks, or torchrun) by the distributed tests, to kill a run at a chosen
+instant.
 
 torchrun --nproc_per_node=P tests/distributed/lifecycle_worker.py kill-before-summary OUT CONFIG [KEY=VALUE ...]
     rank 0 SIGKILLs itself after the final checkpoint, before final_params.npz and summary.json.

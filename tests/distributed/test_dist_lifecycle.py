@@ -1,6 +1,6 @@
 """The one run lifecycle under real launches: simulator and torch.distributed bit for bit after every round, on
 any number of ranks, and a run killed between its final checkpoint and its summary resumed without a step more
-(under torchrun).
+(two ranks started with torchrun's environment; torchrun's own agent is tested in test_dist_launch.py).
 
 The distributed sides of the comparisons come from the session's shared launches (one per world size, ranks
 started with torchrun's environment: tests/distributed/dist_jobs.py, run by tests/distributed/dist_worker.py)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dist_helpers import REPO, TORCHRUN, free_port, launch_env
+from dist_helpers import PYTHON, REPO, launch_env, run_ranks
 from dist_jobs import A9A, A9A_SET, write_config
 
 from stlsgd.experiments.config import load_config
@@ -22,20 +22,6 @@ from stlsgd.experiments.runner import run_experiment
 WORKER = REPO / "tests" / "distributed" / "lifecycle_worker.py"
 
 pytestmark = pytest.mark.launch
-
-
-def _torchrun(ranks: int, *args: object, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [
-        TORCHRUN,
-        f"--nproc_per_node={ranks}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        *map(str, args),
-    ]
-    result = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
-    if check:
-        assert result.returncode == 0, f"{cmd}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
-    return result
 
 
 def test_simulator_and_1_2_4_ranks_average_to_the_same_bits_after_every_round(
@@ -127,12 +113,12 @@ def test_a_run_killed_between_its_final_checkpoint_and_its_summary_resumes_witho
     assert (whole["status"], whole["rounds_to_target"]) == ("reached", 95)
     out = tmp_path / "killed"
     if backend == "dist":
-        result = _torchrun(2, WORKER, "kill-before-summary", out, config, check=False)
-        assert result.returncode != 0
+        result = run_ranks(2, [WORKER, "kill-before-summary", out, config], timeout=300)
+        assert result.returncode == -9, result.stderr[-3000:]
     else:
         code = subprocess.run(
             [
-                str(Path(TORCHRUN).with_name("python")),
+                PYTHON,
                 "-c",
                 "import os, signal, sys; from stlsgd.experiments import rundir; "
                 "rundir.write_final_params = lambda *a: os.kill(os.getpid(), signal.SIGKILL); "
@@ -156,7 +142,9 @@ def test_a_run_killed_between_its_final_checkpoint_and_its_summary_resumes_witho
     metrics_before = (out / "metrics.jsonl").read_bytes()
 
     if backend == "dist":
-        _torchrun(2, "-m", "stlsgd", "run", config, "--out", out, "--resume", "--quiet", "--backend", "dist")
+        args = ["-m", "stlsgd", "run", config, "--out", out, "--resume", "--quiet", "--backend", "dist"]
+        result = run_ranks(2, args, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
     else:
         run_experiment(load_config(config), out, progress=False, resume=True)
     assert (out / "metrics.jsonl").read_bytes() == metrics_before  # not a line more
