@@ -24,6 +24,8 @@ from pathlib import Path
 from base_run import BASE  # this folder's base case: digits 4 vs 9, Local SGD, 50 rounds
 from test_round_three import SWEEP  # a small sweep whose two rows reach gap 1e-2
 
+from stlsgd.files import lock_directory
+
 ROOT = Path(__file__).resolve().parents[2]
 NEWLINE = b"\n"
 STLSGD = [sys.executable, "-m", "stlsgd"]
@@ -82,11 +84,14 @@ def main() -> None:
     cfg2 = tmp / "c2.toml"
     cfg2.write_text(BASE.format(dataset=svm).replace("max_rounds = 50", "max_rounds = 100000"))
     out2 = tmp / "run2"
-    proc = subprocess.Popen([*STLSGD, "run", cfg2, "--out", out2, "--quiet", "--checkpoint-every", "5"], cwd=tmp)
-    while not (out2 / "checkpoint").is_file():
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    # Killed after round 5's checkpoint ($STLSGD_FAULT, stlsgd/faults.py): a known instant, no polling.
+    killed = subprocess.run(
+        [*STLSGD, "run", cfg2, "--out", out2, "--quiet", "--checkpoint-every", "5"],
+        cwd=tmp,
+        env={**os.environ, "STLSGD_FAULT": "die-after-round=5"},
+        timeout=600,
+    )
+    assert killed.returncode == -signal.SIGKILL and (out2 / "checkpoint").is_file()
     lines = svm.read_text().splitlines()
     svm.write_text("\n".join(lines[:200]) + "\n")
     case("2 dataset cut after the kill, --resume", [*STLSGD, "run", cfg2, "--out", out2, "--resume", "--quiet"])
@@ -143,15 +148,19 @@ def main() -> None:
     else:
         rows.append(("4 full disk", "", 0, "not run: no tmpfs could be mounted here (see test_write_failures.py)"))
     # 5. a second writer
-    proc = subprocess.Popen([*STLSGD, "run", cfg2, "--out", tmp / "busy", "--quiet", "--overwrite"], cwd=tmp)
-    while not (tmp / "busy" / "metrics.jsonl").is_file():
-        time.sleep(0.05)
+    busy = tmp / "busy"
     case(
-        "5 second run --overwrite into a running run's directory",
-        [*STLSGD, "run", cfg2, "--out", tmp / "busy", "--quiet", "--overwrite"],
+        "5 a run (its directory is then held, as a run that is going holds it)",
+        [*STLSGD, "run", cfg, "--out", busy, "--quiet"],
     )
-    proc.kill()
-    proc.wait()
+    held = lock_directory(busy)
+    try:
+        case(
+            "5 second run --overwrite into a running run's directory",
+            [*STLSGD, "run", cfg2, "--out", busy, "--quiet", "--overwrite"],
+        )
+    finally:
+        os.close(held)
     sweep.write_text(
         'name = "s"\nseeds = [0, 1, 1]\n[base.data]\ndataset = "digits49"\nnum_clients = 4\n'
         '[[methods]]\nmethod = "sync_sgd"\ngrid = { lr = [0.5] }\n'
