@@ -220,3 +220,28 @@ def test_a_killed_submitting_process_is_resumed_by_the_same_command(
     best = json.loads((out / "best.json").read_text())
     assert best["complete"] and _chosen(best) == _chosen(local_best)
     _check_complete(config, out)
+
+
+def test_a_worker_keeps_a_runs_buffers_instead_of_mapping_them_afresh_every_round() -> None:
+    """Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which also fixes glibc's mmap threshold at
+    128 KiB: a 1 MiB buffer freed and allocated again is mapped afresh, and each of its pages faulted in, every
+    time. A run on a worker sets glibc's thresholds back first; the page faults of 200 such buffers show it."""
+    probe = (
+        "import resource, numpy as np\n"
+        "from stlsgd.experiments.sweeps.cluster import undo_dask_malloc_trim\n"
+        "def faults():\n"
+        "    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "    for _ in range(200):\n"
+        "        np.ones(1 << 17)\n"
+        "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before\n"
+        "as_dask_starts_it = faults()\n"
+        "assert undo_dask_malloc_trim() and not undo_dask_malloc_trim()  # once per process\n"
+        "faults()\n"
+        "print(as_dask_starts_it, faults())\n"
+    )
+    env = {**os.environ, "MALLOC_TRIM_THRESHOLD_": "65536"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    as_dask_starts_it, after = map(int, out.stdout.split())
+    assert as_dask_starts_it >= 200 * 256  # every 1 MiB buffer's 256 pages, every time
+    assert after < 256  # mapped once, then reused
