@@ -93,23 +93,29 @@ def time_sweeps(
 
 def column_floor(config: Path, sweep_dir: Path, *, jobs: int, data_dir: str | None) -> float:
     """The column's floor in seconds on ``jobs`` jobs (see the module's docstring)."""
-    _, needed = local_client_steps(config, sweep_dir)
-    return needed * local_step_seconds(config, data_dir, jobs) / jobs
+    return sum(
+        needed * local_step_seconds(config, data_dir, jobs, drift=drift) / jobs
+        for drift in (False, True)
+        if (needed := local_client_steps(config, sweep_dir, drift=drift)[1])
+    )
 
 
 def print_floor(configs: list[Path], out: Path, *, jobs: int, data_dir: str | None, target_s: float) -> None:
     """Print each sweep's floor (see the module's docstring) and their total against the target."""
     floor = 0.0
     for config in configs:
-        simulated, needed = local_client_steps(config, out / config.stem)
-        step_s = local_step_seconds(config, data_dir, jobs)
-        floor += needed * step_s / jobs
-        print(
-            f"{config.stem}: local methods' client-steps {simulated / 1e9:.2f} G simulated, {needed / 1e9:.2f} G "
-            f"with every row's best run first; {step_s * 1e9:.0f} ns per client-step -> floor "
-            f"{needed * step_s / jobs:.0f} s on {jobs} job(s)",
-            flush=True,
-        )
+        for drift in (False, True):
+            simulated, needed = local_client_steps(config, out / config.stem, drift=drift)
+            if not simulated:
+                continue
+            step_s = local_step_seconds(config, data_dir, jobs, drift=drift)
+            floor += needed * step_s / jobs
+            print(
+                f"{config.stem}{' (rows with drift correction)' if drift else ''}: local methods' client-steps "
+                f"{simulated / 1e9:.2f} G simulated, {needed / 1e9:.2f} G with every row's best run first; "
+                f"{step_s * 1e9:.0f} ns per client-step -> floor {needed * step_s / jobs:.0f} s on {jobs} job(s)",
+                flush=True,
+            )
     print(f"floor total: {floor:.0f} s; target {target_s:.0f} s; floor / target {floor / target_s:.2f}")
 
 
@@ -118,9 +124,9 @@ def _local(method: str) -> bool:
     return issubclass(REGISTRY[method], LocalMethodConfig)
 
 
-def local_client_steps(config: Path, sweep_dir: Path) -> tuple[int, int]:
+def local_client_steps(config: Path, sweep_dir: Path, drift: bool | None = None) -> tuple[int, int]:
     """(client-steps the runs of local methods took in ``sweep_dir``, summed over clients; those they need at
-    the least): each grid run stopped at the first evaluation at or after the round after the best finished
+    the least), of the runs with drift correction or without it if ``drift`` says which: each grid run stopped at the first evaluation at or after the round after the best finished
     round count among its rows (the sweep prunes at evaluations only), or at its own end if earlier or if a
     row it belongs to has no finished run; seed reruns count whole. Read from each run's metrics.jsonl, so
     adaptive schedules count what they did. Runs of earlier versions of the file are left out, as the sweep
@@ -143,16 +149,20 @@ def local_client_steps(config: Path, sweep_dir: Path) -> tuple[int, int]:
             stop = min(stop, max(bounds) + 1)
         lines = [json.loads(line) for line in (sweep_dir / r["run_dir"] / "metrics.jsonl").read_text().splitlines()]
         exp = validate(read_raw(sweep_dir / r["run_dir"] / "config.yaml"), r["run_dir"])
+        ran = json.loads((sweep_dir / r["run_dir"] / "summary.json").read_text()).get("rule") or {}
+        if drift is not None and bool(ran.get("drift")) != drift:  # what ran (auto decides it itself)
+            continue
         clients = exp.data.num_clients
         simulated += r["iterations"] * exp.algorithm.batch * clients
         needed += next((m for m in lines if m["round"] >= stop), lines[-1])["client_steps"] * clients
     return simulated, needed
 
 
-def local_step_seconds(config: Path, data_dir: str | None, jobs: int) -> float:
+def local_step_seconds(config: Path, data_dir: str | None, jobs: int, drift: bool = False) -> float:
     """Seconds per client-step (one sample of one client) of the local steps on ``config``'s problem and
     partition at its rows' batch, with a sweep worker's share of the cores (best of several calls, fresh rows
-    each call: 30 calls of 400 steps for the compiled logistic kernels, 5 of 10 for a network)."""
+    each call: 30 calls of 400 steps for the compiled logistic kernels, 5 of 10 for a network); with ``drift``,
+    the kernel that also adds the control variates' correction every step (about a fifth more on a9a)."""
     share_cores(jobs)
     spec = next(s for s in load_sweep(config).grid if _local(s.method))
     exp = validate(spec.config, str(config))
@@ -162,12 +172,13 @@ def local_step_seconds(config: Path, data_dir: str | None, jobs: int) -> float:
     sampler = Sampler(built.partition, seed=0)
     state = built.problem.init_state(n)
     lrs = np.full(steps, 1e-3)
-    built.problem.local_steps(state, sampler.draw(steps, batch), lrs, None)  # compile / warm up
+    correction = {name: value * 0 for name, value in state.items()} if drift else None
+    built.problem.local_steps(state, sampler.draw(steps, batch), lrs, None, correction)  # compile / warm up
     best = float("inf")
     for _ in range(repeats):
         rows = sampler.draw(steps, batch)
         started = time.perf_counter()
-        built.problem.local_steps(state, rows, lrs, None)
+        built.problem.local_steps(state, rows, lrs, None, correction)
         best = min(best, time.perf_counter() - started)
     return best / (steps * n * batch)
 
