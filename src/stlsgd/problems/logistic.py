@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from pathlib import Path
 
 import numba
 import numpy as np
 import scipy.sparse as sp
 
+from stlsgd.files import atomic_write
 from stlsgd.problems.base import Evaluation, State
 
 
@@ -385,9 +385,8 @@ class LogisticRegression:
         if path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-                np.savez(tmp, w=w, fstar=self._fstar)
-                os.replace(tmp, path)
+                fstar = self._fstar
+                atomic_write(path, lambda fh: np.savez(fh, w=w, fstar=fstar), mode="wb")
             except OSError:
                 pass  # a read-only cache only costs a recomputation
         return self._fstar
