@@ -17,7 +17,8 @@ of the sweeps already in --out (one directory per file, named after it).
 Then, per column, a floor under any schedule of the same grids: the client-steps the runs of local methods
 (Local SGD, STL-SGD and the other period schedules: the bulk of the work) would take had every row's best run
 finished first, so that every other run is pruned as early as the rule allows, times the local-step cost
-measured on the column's problem afterwards, alone on the machine, divided by --jobs. Evaluations, averaging
+measured on the column's problem afterwards, alone on the machine (the drift-corrected kernel's for the runs
+that used drift correction), divided by --jobs. Evaluations, averaging
 and the k = 1 methods are left out, so the sweep cannot beat it; the last line compares the floor's total to
 the target."""
 
