@@ -237,20 +237,21 @@ def test_report_prices_each_row_by_hand_and_draws_the_time_figures(
 def test_a_sweep_of_an_older_stlsgd_is_priced_from_its_sweep_file_from_any_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """docs/results' Table 2 sweeps predate client-step counts; their best.json names the sweep file relative to
-    the repository, and the report replays its plans wherever it is run from."""
+    """docs/results' Table 2 sweeps but the two of 2026-11-27 predate client-step counts; their best.json names the
+    sweep file relative to the repository, and the report replays its plans wherever it is run from."""
     from stlsgd.experiments.report import load_sweep_dir
     from stlsgd.experiments.time_report import row_usages
 
     monkeypatch.chdir(tmp_path)
-    best = load_sweep_dir(Path(__file__).resolve().parents[2] / "docs/results/table2_data/table2_a9a_iid")
-    assert best["config"] == "configs/paper/table2_a9a_iid.toml"
+    best = load_sweep_dir(Path(__file__).resolve().parents[2] / "docs/results/table2_data/table2_a9a_noniid")
+    assert best["config"] == "configs/paper/table2_a9a_noniid.toml"
+    assert "client_steps" not in best["methods"]["Local SGD"]["seeds"]["0"]  # an older stlsgd's record
     usages = {row.label: row.usage for row in row_usages(best)}
-    # a9a: d = 123 float64s = 984 bytes a round. Local SGD k = 1600 at batch 1, median over seeds 135 rounds;
-    # SyncSGD one step a round, 161,500 rounds.
+    # a9a: d = 123 float64s = 984 bytes a round. Local SGD k = 160 at batch 1, median over seeds 6,640 rounds;
+    # SyncSGD one step a round, 146,000 rounds.
     assert (usages["Local SGD"].rounds, usages["Local SGD"].client_steps, usages["Local SGD"].bytes_per_client) == (
-        135,
-        135 * 1600,
-        135 * 984,
+        6640,
+        6640 * 160,
+        6640 * 984,
     )
-    assert (usages["SyncSGD"].client_steps, usages["SyncSGD"].bytes_per_client) == (161500, 161500 * 984)
+    assert (usages["SyncSGD"].client_steps, usages["SyncSGD"].bytes_per_client) == (146000, 146000 * 984)

@@ -339,7 +339,7 @@ def round_three(tmp: Path, cfg: Path, case, rows: list[tuple[str, str, int, str]
         "R3 8 report --network latency=1e308s,...",
         [*STLSGD, "report", sweep, "--out", r3 / "R8", "--network", "latency=1e308s,bandwidth=1Gbit,step=1us"],
     )
-    shutil.copytree(ROOT / "docs/results/table2_data/table2_a9a_iid", r3 / "X")
+    shutil.copytree(ROOT / "docs/results/table2_data/table2_a9a_noniid", r3 / "X")  # records without client-steps
     code, first = run([*STLSGD, "report", "X", "--out", "R9", "--network", "cross-region,step=1us"], r3)
     rows.append(
         (
