@@ -316,3 +316,18 @@ def test_compute_panels_price_each_row_and_the_lines_by_hand() -> None:
     # Without a network: points only, no times, no lines.
     (bare,) = compute_panels([best])
     assert bare.round_s is None and all(p.time_s is None for p in bare.points) and len(bare.points) == 3
+
+
+def test_a_panel_whose_axis_does_not_show_the_target_stars_the_reached_run_that_ends_first() -> None:
+    # Table 3 stops at a training accuracy and draws the loss: each reached run stops at its target, so the one
+    # that ends first got there first (Local SGD at round 28, before STL-SGD^nc-1 at 32), whatever its loss; a
+    # closest run that never reached is not starred although it ends sooner.
+    curves = [
+        Curve("STL-SGD^nc-1", [4, 16, 32], [1.0, 0.2, 0.01], "stl_nc1"),
+        Curve("Local SGD", [4, 16, 28], [1.0, 0.3, 0.05], "local_sgd"),
+        Curve("SyncSGD", [4, 8, 12], [2.0, 1.5, 1.2], "sync_sgd", reached=False),
+    ]
+    fig = draw_panels([Panel("small CNN, MNIST (IID)", "training loss", curves)], "rounds", log_x=True)
+    assert fig.axes[0].texts[-1].get_text() == "first to the target:\nLocal SGD"
+    star = [line for line in fig.axes[0].get_lines() if line.get_marker() == "*"]
+    assert len(star) == 1 and list(star[0].get_xdata()) == [28] and list(star[0].get_ydata()) == [0.05]

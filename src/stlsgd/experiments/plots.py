@@ -315,7 +315,9 @@ def _mark_best(
     ax: Axes, curves: list[Curve], target: float | None, vline: tuple[float, str] | None, log_x: bool
 ) -> None:
     """Name the panel's best curve where a reader looks for it: with ``vline`` the lowest curve at that x
-    (the fastest row at the network's latency), else with a ``target`` the first curve to reach it."""
+    (the fastest row at the network's latency), else with a ``target`` the first curve to reach it, else (a
+    target the y axis does not show, such as an accuracy under a loss axis) the reached curve that ends first:
+    a run stops at its target."""
     best: tuple[float, float, str] | None = None  # (key, y, label) where key is what is minimised
     for c in curves:
         points = sorted(_positive(c.x, c.y, log_x))
@@ -323,8 +325,11 @@ def _mark_best(
             y = _interpolate(points, vline[0], log_x)
             if y is not None and (best is None or y < best[0]):
                 best = (y, y, c.label)
-        elif target is not None:
-            hit = next(((x, y) for x, y in points if y <= target), None)
+        else:
+            if target is not None:
+                hit = next(((x, y) for x, y in points if y <= target), None)
+            else:
+                hit = points[-1] if points else None
             if hit is not None and (best is None or hit[0] < best[0]):
                 best = (hit[0], hit[1], c.label)
     if best is None:
