@@ -18,9 +18,8 @@ Then, per column, a floor under any schedule of the same grids: the client-steps
 (Local SGD, STL-SGD and the other period schedules: the bulk of the work) would take had every row's best run
 finished first, so that every other run is pruned as early as the rule allows, times the local-step cost
 measured on the column's problem afterwards, alone on the machine (the drift-corrected kernel's for the runs
-that used drift correction), divided by --jobs. Evaluations, averaging
-and the k = 1 methods are left out, so the sweep cannot beat it; the last line compares the floor's total to
-the target."""
+that used drift correction), divided by --jobs. Evaluations, averaging and the k = 1 methods are left out, so
+the sweep cannot beat it; the last line compares the floor's total to the target."""
 
 from __future__ import annotations
 
@@ -127,9 +126,10 @@ def _local(method: str) -> bool:
 
 def local_client_steps(config: Path, sweep_dir: Path, drift: bool | None = None) -> tuple[int, int]:
     """(client-steps the runs of local methods took in ``sweep_dir``, summed over clients; those they need at
-    the least), of the runs with drift correction or without it if ``drift`` says which: each grid run stopped at the first evaluation at or after the round after the best finished
-    round count among its rows (the sweep prunes at evaluations only), or at its own end if earlier or if a
-    row it belongs to has no finished run; seed reruns count whole. Read from each run's metrics.jsonl, so
+    the least), of the runs with drift correction or of those without if ``drift`` says which: each grid run
+    stopped at the first evaluation at or after the round after the best finished round count among its rows
+    (the sweep prunes at evaluations only), or at its own end if earlier or if a row it belongs to has no
+    finished run; seed reruns count whole. Read from each run's metrics.jsonl, so
     adaptive schedules count what they did. Runs of earlier versions of the file are left out, as the sweep
     leaves them out of its choice."""
     sweep = load_sweep(config)
