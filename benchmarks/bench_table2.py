@@ -95,8 +95,7 @@ def column_floor(config: Path, sweep_dir: Path, *, jobs: int, data_dir: str | No
     """The column's floor in seconds on ``jobs`` jobs (see the module's docstring)."""
     return sum(
         needed * local_step_seconds(config, data_dir, jobs, drift=drift) / jobs
-        for drift in (False, True)
-        if (needed := local_client_steps(config, sweep_dir, drift=drift)[1])
+        for drift, (_, needed) in local_client_steps_by_rule(config, sweep_dir).items()
     )
 
 
@@ -104,10 +103,7 @@ def print_floor(configs: list[Path], out: Path, *, jobs: int, data_dir: str | No
     """Print each sweep's floor (see the module's docstring) and their total against the target."""
     floor = 0.0
     for config in configs:
-        for drift in (False, True):
-            simulated, needed = local_client_steps(config, out / config.stem, drift=drift)
-            if not simulated:
-                continue
+        for drift, (simulated, needed) in sorted(local_client_steps_by_rule(config, out / config.stem).items()):
             step_s = local_step_seconds(config, data_dir, jobs, drift=drift)
             floor += needed * step_s / jobs
             print(
@@ -124,13 +120,19 @@ def _local(method: str) -> bool:
     return issubclass(REGISTRY[method], LocalMethodConfig)
 
 
-def local_client_steps(config: Path, sweep_dir: Path, drift: bool | None = None) -> tuple[int, int]:
+def local_client_steps(config: Path, sweep_dir: Path) -> tuple[int, int]:
     """(client-steps the runs of local methods took in ``sweep_dir``, summed over clients; those they need at
-    the least), of the runs with drift correction or of those without if ``drift`` says which: each grid run
-    stopped at the first evaluation at or after the round after the best finished round count among its rows
-    (the sweep prunes at evaluations only), or at its own end if earlier or if a row it belongs to has no
-    finished run; seed reruns count whole. Read from each run's metrics.jsonl, so
-    adaptive schedules count what they did. Runs of earlier versions of the file are left out, as the sweep
+    the least), with and without drift correction together (:func:`local_client_steps_by_rule`)."""
+    counts = local_client_steps_by_rule(config, sweep_dir).values()
+    return sum(simulated for simulated, _ in counts), sum(needed for _, needed in counts)
+
+
+def local_client_steps_by_rule(config: Path, sweep_dir: Path) -> dict[bool, tuple[int, int]]:
+    """Whether drift correction ran -> (client-steps the runs of local methods took in ``sweep_dir``, summed over
+    clients; those they need at the least), for the rules some run used, in one pass over the runs: each grid run
+    stopped at the first evaluation at or after the round after the best finished round count among its rows (the
+    sweep prunes at evaluations only), or at its own end if earlier or if a row it belongs to has no finished run;
+    seed reruns count whole. Read from each run's metrics.jsonl, so adaptive schedules count what they did. Runs of earlier versions of the file are left out, as the sweep
     leaves them out of its choice."""
     sweep = load_sweep(config)
     records = current_records(sweep, read_results(sweep_dir))
@@ -140,7 +142,7 @@ def local_client_steps(config: Path, sweep_dir: Path, drift: bool | None = None)
     for r in records:
         labels.setdefault(r["key"], set()).add(r["label"])
         first.setdefault(r["key"], r)
-    simulated = needed = 0
+    counts: dict[bool, tuple[int, int]] = {}
     for key, r in first.items():
         if not _local(r["method"]):
             continue
@@ -151,12 +153,14 @@ def local_client_steps(config: Path, sweep_dir: Path, drift: bool | None = None)
         lines = [json.loads(line) for line in (sweep_dir / r["run_dir"] / "metrics.jsonl").read_text().splitlines()]
         exp = validate(read_raw(sweep_dir / r["run_dir"] / "config.yaml"), r["run_dir"])
         ran = json.loads((sweep_dir / r["run_dir"] / "summary.json").read_text()).get("rule") or {}
-        if drift is not None and bool(ran.get("drift")) != drift:  # what ran (auto decides it itself)
-            continue
+        drift = bool(ran.get("drift"))  # what ran (auto decides it itself)
         clients = exp.data.num_clients
-        simulated += r["iterations"] * exp.algorithm.batch * clients
-        needed += next((m for m in lines if m["round"] >= stop), lines[-1])["client_steps"] * clients
-    return simulated, needed
+        simulated, needed = counts.get(drift, (0, 0))
+        counts[drift] = (
+            simulated + r["iterations"] * exp.algorithm.batch * clients,
+            needed + next((m for m in lines if m["round"] >= stop), lines[-1])["client_steps"] * clients,
+        )
+    return counts
 
 
 def local_step_seconds(config: Path, data_dir: str | None, jobs: int, drift: bool = False) -> float:
