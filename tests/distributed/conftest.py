@@ -29,8 +29,8 @@ def _claim_launch(tmp_path_factory: pytest.TempPathFactory, world: int) -> None:
     if worker is None:
         return
     run = tmp_path_factory.getbasetemp().parent  # shared by this run's workers
-    (run / f"torchrun-world{world}-{worker}").touch()
-    others = sorted(p.name for p in run.glob(f"torchrun-world{world}-*") if not p.name.endswith(f"-{worker}"))
+    (run / f"launch-world{world}-{worker}").touch()
+    others = sorted(p.name for p in run.glob(f"launch-world{world}-*") if not p.name.endswith(f"-{worker}"))
     assert not others, f"{others}: the simulator comparisons were not kept on one xdist worker (--dist loadgroup)"
 
 
