@@ -121,7 +121,7 @@ def _cmd_suggest(args: argparse.Namespace) -> int:
     from stlsgd.experiments.config import load_config
     from stlsgd.experiments.suggest import estimates_for, propose, report
 
-    exp = load_config(args.config, args.set)
+    exp = load_config(args.config, args.set, sweep_base=True)
     if getattr(exp.algorithm, "auto", False):  # the estimates come from the data, whatever the method's fields
         exp = exp.model_copy(update={"algorithm": exp.algorithm.model_copy(update={"auto": False})})
     estimates = estimates_for(build(exp, args.data_dir))
@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="estimate L, mu, sigma^2 and zeta^2 of a config's problem; propose STL-SGD "
         "settings (what algorithm.auto = true runs)",
     )
-    p.add_argument("config", help="experiment config (.toml or .yaml)")
+    p.add_argument("config", help="experiment config, or a sweep file (its base) (.toml or .yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
     p.add_argument("--data-dir", help="data directory (default $STLSGD_DATA or the user cache)")
     p.set_defaults(func=_cmd_suggest)

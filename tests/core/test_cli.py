@@ -120,6 +120,27 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_sweep_file_given_to_run_and_a_config_given_to_sweep_say_which_command_takes_them(tmp_path, capsys):
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('name = "s"\n[base.data]\ndataset = "digits49"\n[[methods]]\nmethod = "local_sgd"\n')
+    config = tmp_path / "c.toml"
+    config.write_text('[data]\ndataset = "digits49"\n')
+    assert main(["run", str(sweep), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"stlsgd: error: {sweep}: a sweep file (it lists methods), not an experiment config: `stlsgd sweep {sweep}`"
+    )
+    assert main(["sweep", str(config), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"stlsgd: error: {config}: an experiment config (no methods), not a sweep file: `stlsgd run {config}`"
+    )
+    assert not (tmp_path / "o").exists()
+    # suggest reads a sweep file's base: the data its columns share, as the same data in a config
+    assert main(["suggest", str(sweep)]) == 0
+    from_sweep = capsys.readouterr().out
+    assert main(["suggest", str(config)]) == 0
+    assert from_sweep == capsys.readouterr().out and from_sweep.startswith("n = 361, d = 64, N = 32 clients")
+
+
 def test_data_list_names_the_paper_sets(capsys):
     assert main(["data", "list"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]

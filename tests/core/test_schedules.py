@@ -14,6 +14,7 @@ import pytest
 from stlsgd.algorithms import QSR, AdaComm, Cosine, Cursor, Feedback, InverseTime, LRCoupled, PostLocalSGD, StepDecay
 from stlsgd.algorithms.driver import PlanDriver
 from stlsgd.algorithms.registry import PlanContext
+from stlsgd.algorithms.stl_sgd import STLSGD, STLSGDStationary
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
 
@@ -129,13 +130,56 @@ def test_the_config_models_build_these_plans() -> None:
         Experiment.model_validate({"algorithm": {"method": "lr_coupled", "lr_schedule": "step"}})
 
 
-@pytest.mark.parametrize("method", ["lr_coupled", "adacomm"])
-def test_resume_across_a_period_change_is_bit_identical(tmp_path: Path, method: str) -> None:
-    # lr_coupled: eta_t = 0.5/(1 + 0.05 t) doubles the period by t = 20; adacomm: the loss fed back shrinks it.
+def drive(plan, objectives):
+    """(stage, steps, lr) of each round, round i settled with ``objectives[i]``."""
+    cursor, out = Cursor(), []
+    for objective in objectives:
+        feedback = Feedback(objective=objective)
+        rnd = plan.next_round(cursor, feedback)
+        out.append((rnd.stage, rnd.steps, rnd.lr))
+        cursor = plan.advance(cursor, rnd, feedback)
+    return out
+
+
+def test_stationary_stages_end_when_the_objective_rises_over_five_rounds_and_grow_k_while_the_drop_holds() -> None:
+    plan = STLSGDStationary(lr=1.0, T1=100, k1=2)
+    # Round 0 has no objective yet: Algorithm 2's stage 1. Round 1's objective (10) is the first reference; rounds
+    # 2-10 fall to 1; round 6 compares 5 with 10 (5 rounds on: no rise, 5 becomes the reference); round 11 sees 6 > 5:
+    # stationary, stage 2 opens there at iteration 22 with eta/2 and, the first stage having dropped (10 -> 1), k x2.
+    stage1 = [None, *[11.0 - i for i in range(1, 11)]]
+    # Stage 2 is settled first by 6, then falls only to 0.6 (a drop of 1 - 0.6 = 0.4, under a quarter of stage 1's
+    # 9): the drift part dominates, so stage 3 keeps k = 4 while eta halves again. Round 16 sees 6.5 > 6: it ends.
+    stage2 = [6.0, 0.9, 0.8, 0.7, 0.6]
+    rounds = drive(plan, [*stage1, *stage2, 6.5, 0.5])
+    assert rounds == [(1, 2, 1.0)] * 11 + [(2, 4, 0.5)] * 5 + [(3, 4, 0.25)] * 2
+
+
+def test_stationary_stages_that_keep_falling_are_algorithm_2s() -> None:
+    # Never a rise, each stage's drop at least a quarter of the last one's: stage lengths T_s and periods k_1 2^(s-1)
+    # as the fixed-length plan gives them.
+    objectives = [None, *[1.0 / (i + 1) for i in range(1, 20)]]
+    fixed = [(r.stage, r.steps, r.lr) for r in itertools.islice(STLSGD(lr=1.0, T1=10, k1=2).rounds(), 20)]
+    assert drive(STLSGDStationary(lr=1.0, T1=10, k1=2), objectives) == fixed
+    assert [s for s, _, _ in fixed] == [1] * 5 + [2] * 5 + [3] * 5 + [4] * 5
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        # eta_t = 0.5/(1 + 0.05 t) doubles the period by t = 20
+        {"method": "lr_coupled", "lr": 0.5, "lr_decay": 0.05, "k": 4},
+        # the loss fed back shrinks the period
+        {"method": "adacomm", "lr": 0.5, "lr_decay": 0.05, "k": 4},
+        # stages end, and the period grows, on the objectives fed back
+        {"method": "stl_sc", "lr": 0.5, "k": 2, "T1": 40, "stage_end": "stationary", "drift": True},
+    ],
+    ids=lambda a: a["method"],
+)
+def test_resume_across_a_period_change_is_bit_identical(tmp_path: Path, algorithm: dict) -> None:
     exp = Experiment.model_validate(
         {
             "data": {"dataset": "digits49", "num_clients": 4, "partition": "noniid"},
-            "algorithm": {"method": method, "lr": 0.5, "lr_decay": 0.05, "k": 4},
+            "algorithm": algorithm,
             "run": {"target_gap": "none", "max_rounds": 30, "eval_every": 2},
         }
     )

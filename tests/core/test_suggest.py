@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 import yaml
 
+from stlsgd.algorithms.stl_sgd import STLSGDStationary
 from stlsgd.cli import main
 from stlsgd.data import load_dataset, make_partition
+from stlsgd.experiments.build import build
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
-from stlsgd.experiments.suggest import R_NONIID, Estimates, estimate, propose
+from stlsgd.experiments.suggest import MIN_K1, R_NONIID, Estimates, estimate, propose
 from stlsgd.problems.logistic import LogisticRegression
 
 
@@ -35,9 +37,15 @@ def test_the_estimates_are_the_definitions_computed_directly() -> None:
     p = propose(e)
     assert p["lr"] == pytest.approx(4 / (2 * e.L)) and p["T1"] == math.ceil(1 / (e.mu * p["lr"]))
     assert p["drift"] is True  # label-sorted shards differ
-    assert p["rounds_per_stage"] == math.ceil(R_NONIID * math.sqrt(1 + 4 * e.zeta2 / e.sigma2))
+    rule = p["T1"] // math.ceil(R_NONIID * math.sqrt(1 + 4 * e.zeta2 / e.sigma2))
+    assert p["k"] == max(rule, min(MIN_K1, p["T1"] // 2)) and p["stage_end"] == "stationary"
     shared = propose(estimate(problem, make_partition(ds.y, 4, "shared", seed=0)))
-    assert (shared["drift"], shared["rounds_per_stage"], shared["k"]) == (False, 1, shared["T1"])
+    assert (shared["drift"], shared["rounds_per_stage"], shared["k"], shared["stage_end"]) == (
+        False,
+        1,
+        shared["T1"],
+        "length",
+    )
 
 
 def _estimates(**changes: float) -> Estimates:
@@ -58,18 +66,24 @@ def test_iid_proposal_is_one_round_a_stage_without_drift_correction() -> None:
     )
 
 
-def test_non_iid_proposal_switches_drift_correction_on_and_spends_theorem_2s_factor_in_rounds() -> None:
-    # eta_1 = 8, T_1 = 12,500 as IID; zeta^2/sigma^2 = 0.75: R = ceil(64 sqrt(1 + 3)) = 128, k_1 = floor(12,500/128).
+def test_non_iid_proposal_switches_drift_correction_on_and_ends_stages_when_stationary() -> None:
+    # eta_1 = 8, T_1 = 12,500 as IID; zeta^2/sigma^2 = 0.75: R = ceil(32 sqrt(1 + 3)) = 64, k_1 = floor(12,500/64)
     p = propose(_estimates(zeta2=0.75))
-    assert (p["lr"], p["T1"], p["drift"], p["rounds_per_stage"], p["k"]) == (8.0, 12_500, True, 128, 97.0)
-    # zeta^2/sigma^2 = 0.0025 (just above the threshold): R = ceil(64 sqrt(1.01)) = 65, k_1 = 192
-    assert (propose(_estimates(zeta2=0.0025))["rounds_per_stage"], propose(_estimates(zeta2=0.0025))["k"]) == (
+    assert (p["lr"], p["T1"], p["drift"], p["stage_end"], p["k"], p["rounds_per_stage"]) == (
+        8.0,
+        12_500,
+        True,
+        "stationary",
+        195.0,
         65,
-        192.0,
     )
-    # a stage shorter than R steps: k_1 = 1 (every step averaged)
-    tiny = propose(_estimates(mu=0.01, zeta2=0.75))  # T_1 = ceil(1 / 0.08) = 13
-    assert (tiny["T1"], tiny["k"]) == (13, 1.0)
+    # zeta^2/sigma^2 = 0.0025 (just above the threshold): R = ceil(32 sqrt(1.01)) = 33, k_1 = 378
+    assert propose(_estimates(zeta2=0.0025))["k"] == 378.0
+    # a short first stage: T_1 / R would be a step or two; at least 64 steps (T_1 = 2,000, R = 64: 31 -> 64) ...
+    assert propose(_estimates(mu=6.25e-5, zeta2=0.75))["k"] == 64.0
+    # ... and at most half of T_1 (T_1 = ceil(1 / 0.08) = 13: k_1 = 6, three rounds in stage 1)
+    tiny = propose(_estimates(mu=0.01, zeta2=0.75))
+    assert (tiny["T1"], tiny["k"], tiny["rounds_per_stage"]) == (13, 6.0, 3)
 
 
 def test_the_iid_threshold_and_the_zero_noise_fallback() -> None:
@@ -92,9 +106,12 @@ def test_auto_runs_with_the_proposal_and_says_so(tmp_path: Path) -> None:
     p = propose(estimate(LogisticRegression(ds.X, ds.y), make_partition(ds.y, 4, "noniid", seed=0)))
     assert (summary["plan"]["lr"], summary["plan"]["T1"], summary["plan"]["k1"]) == (p["lr"], p["T1"], p["k"])
     assert summary["rule"]["drift"] is True and summary["plan"]["iid"] is True
+    # clients that differ: stages end when the objective stops falling
+    assert (p["stage_end"], summary["plan"]["name"]) == ("stationary", "stl_sc")
+    assert isinstance(build(exp, None).plan, STLSGDStationary)
     # config.yaml leaves to auto what auto decided (null), and it validates again as the same run
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["algorithm"]
-    assert (saved["auto"], saved["drift"], saved["iid"]) == (True, None, None)
+    assert (saved["auto"], saved["drift"], saved["iid"], saved["stage_end"]) == (True, None, None, None)
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -126,6 +143,7 @@ def test_suggest_prints_the_estimates_and_the_proposal(tmp_path: Path, capsys: p
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\niid = true\n', "algorithm.auto: sets iid itself; remove it"),
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\ndrift = false\n', "algorithm.auto: sets drift itself"),
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\ndrift = true\n', "algorithm.auto: sets drift itself"),
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\nstage_end = "length"\n', "algorithm.auto: sets stage_end"),
     ],
 )
 def test_suggest_on_bad_input_is_one_line(

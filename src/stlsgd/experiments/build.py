@@ -200,6 +200,8 @@ def with_plan(exp: Experiment, built: Built) -> Built:
         from stlsgd.experiments.suggest import estimates_for, propose
 
         proposal = propose(estimates_for(built))
-        alg = alg.model_copy(update={k: proposal[k] for k in ("lr", "T1", "k", "drift", "iid")} | {"auto": False})
+        alg = alg.model_copy(
+            update={k: proposal[k] for k in ("lr", "T1", "k", "drift", "iid", "stage_end")} | {"auto": False}
+        )
     plan = alg.plan(plan_context(exp, built.dataset.n, built.problem.lam))
     return dataclasses.replace(built, plan=plan, rule=round_rule(alg), algorithm=alg)

@@ -286,11 +286,22 @@ def validate(raw: dict[str, Any], source: str) -> Experiment:
         raise ConfigError(_format(exc, source)) from None
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> Experiment:
-    """Read, override (dotted ``key=value``) and validate an experiment config."""
+def load_config(path: str | Path, overrides: list[str] | None = None, *, sweep_base: bool = False) -> Experiment:
+    """Read, override (dotted ``key=value``) and validate an experiment config.
+
+    ``sweep_base``: a sweep file is read as its ``base`` experiment (the data and problem its columns share).
+    """
     path = Path(path)
-    raw = apply_overrides(read_raw(path), overrides or [])
-    return validate(raw, str(path))
+    raw = read_raw(path)
+    if "methods" in raw:  # only a sweep file has methods; its own fields would be reported one by one as unknown
+        if not sweep_base:
+            raise ConfigError(
+                f"{path}: a sweep file (it lists methods), not an experiment config: `stlsgd sweep {path}`"
+            )
+        raw = raw.get("base") or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: base: must be a table")
+    return validate(apply_overrides(raw, overrides or []), str(path))
 
 
 def dump_config(exp: Experiment, path: Path) -> None:

@@ -16,19 +16,18 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
 - eta_1 = N / (2L): the largest step 1/(2L) of one client, scaled by the N clients whose steps are averaged (the
   linear scaling the paper's eta_1 = N/10 follows);
 - T_1 = 1 / (mu eta_1): the paper's experimental rule eta_1 T_1 = 1/lambda (Theorem 2's form, with 1 for 6);
-- k_1 = T_1 / R, R rounds in stage 1 (and, as k doubles with T, in every stage): R = 1 when the clients sample
-  alike (zeta^2 = 0); otherwise drift correction is switched on and R = ceil(R_NONIID sqrt(1 + 4 zeta^2 /
-  sigma^2)), Theorem 2's Non-IID factor sqrt((sigma^2 + 4 zeta^2) / sigma^2) on top of a base R_NONIID = 64
-  measured once (docs/results/schedules.md).
+- when the clients sample alike (zeta^2 / sigma^2 <= IID_SHARE): k_1 = T_1, one round a stage, no drift
+  correction (Algorithm 2's IID rule; every stage is one long round);
+- otherwise drift correction on, and stages that end when the run is stationary (``stage_end = "stationary"``,
+  :class:`~stlsgd.algorithms.stl_sgd.STLSGDStationary`: the objective is higher than five or more rounds before,
+  at most T_s), and k_1 = T_1 / R, R = R_NONIID sqrt(1 + 4 zeta^2 / sigma^2) (Theorem 2's Non-IID factor), but at
+  least MIN_K1 steps (at most T_1 / 2). With the stage ended online, R no longer has to be the rounds a stage.
 
-``auto`` sets lr, k, T1, iid and drift itself: any of them given beside it is refused (STLSCConfig).
+``auto`` sets lr, k, T1, iid, drift and stage_end itself: any of them given beside it is refused (STLSCConfig).
 
-Kept although it spends 4-9x the grid's best rounds in the Non-IID columns, because the faster static rules
-tried do not hold on every column (docs/results/schedules.md, *Tuning-free default*): ten rounds a stage of
-eta_s T_s = 0.1/lambda reached a9a Non-IID in 105 rounds (this rule: 775) but left MNIST Non-IID at gap 6.8e-4
-after 4.1M of its 10M iterations, on course to end at the budget (this rule: 655 rounds, reached); with 0.3/lambda
-MNIST reached in 130 and a9a ended at the budget. A rule that holds everywhere likely has to find the stage length
-online (end a stage when the iterates are stationary); not built yet.
+Measured against each column's grid (docs/results/schedules.md, *Tuning-free default*): the fixed-length rule this
+replaces (R = 64 sqrt(1 + 4 zeta^2/sigma^2) rounds a stage) spent 775 rounds on a9a Non-IID and 655 on MNIST
+Non-IID; no static rule tried held on every column.
 """
 
 from __future__ import annotations
@@ -44,10 +43,13 @@ from stlsgd.data import Partition
 from stlsgd.errors import ConfigError, StlsgdError
 from stlsgd.problems.logistic import LogisticRegression, _expit
 
-# Rounds per stage under drift correction for Non-IID data, before Theorem 2's heterogeneity factor: with 1 and 8
-# a stage, a9a Non-IID (s = 50, 32 clients) spent its 10M-iteration budget; with 64 it reached 1e-4 in 600 rounds
-# (MNIST Non-IID: 516), docs/results/schedules.md.
-R_NONIID = 64
+# The first period under drift correction (Non-IID) is T_1 / R with R = R_NONIID sqrt(1 + 4 zeta^2 / sigma^2)
+# (Theorem 2's Non-IID factor on a base measured on a9a and MNIST Non-IID: a9a took 145-160 rounds with R = 38,
+# MNIST 245-290 with R = 40; with a fixed 64 or 128 steps, 130-195 and 325-415), but at least MIN_K1 steps (at most
+# T_1 / 2): a small data set has a short T_1 and R would leave a step or two a round, over which five rounds move
+# the objective less than its noise, so stages ended early (digits49: 1,530 rounds at k_1 = 2, 20-35 at 60).
+R_NONIID = 32
+MIN_K1 = 64
 # Below this share of the gradient noise, the clients count as sampling alike (zeta^2 / sigma^2).
 IID_SHARE = 1e-3
 
@@ -120,20 +122,32 @@ def propose(e: Estimates) -> dict[str, Any]:
     lr = e.num_clients / (2.0 * e.L)
     T1 = max(int(math.ceil(1.0 / (e.mu * lr))), 1)
     drift = share > IID_SHARE
-    rounds = math.ceil(R_NONIID * math.sqrt(1 + 4 * share)) if drift else 1
+    if drift:
+        k = max(T1 // math.ceil(R_NONIID * math.sqrt(1 + 4 * share)), min(MIN_K1, T1 // 2), 1)
+    else:
+        k = T1
     return {
         "lr": lr,
         "T1": T1,
-        "k": float(max(T1 // rounds, 1)),
+        "k": float(k),
         "drift": drift,
         "iid": True,
-        "rounds_per_stage": rounds,
+        # Clients that differ: a stage ends when the run is stationary (at most T_s), not after a fixed R rounds.
+        "stage_end": "stationary" if drift else "length",
+        "rounds_per_stage": math.ceil(T1 / k),
         "fallback": fallback,
     }
 
 
 def report(e: Estimates, proposal: dict[str, Any]) -> str:
     t2 = theorem2(e)
+    if proposal["stage_end"] == "stationary":
+        stages = (
+            f"at most {proposal['rounds_per_stage']} rounds a stage), drift = true, a stage ends when the objective "
+            "stops falling (at most T_s), k x2 while each stage's drop holds"
+        )
+    else:
+        stages = f"one round a stage), drift = {str(proposal['drift']).lower()}, k x2 a stage"
     lines = [
         f"n = {e.n}, d = {e.d}, N = {e.num_clients} clients",
         f"L = {e.L:.6g} (power iteration on the Hessian at x_0), L_max = {e.L_max:.6g} (row norms), "
@@ -143,8 +157,7 @@ def report(e: Estimates, proposal: dict[str, Any]) -> str:
         f"Theorem 2: eta_1 <= 1/(6L) = {t2['lr']:.4g}, T_1 = 6/(mu eta_1) = {t2['T1']:.4g}, k_1 = "
         f"{t2['k1_iid']:.3g} (IID) / {t2['k1_noniid']:.3g} (Non-IID): under 1, an average every step",
         f"proposal (algorithm.auto = true): lr = {proposal['lr']:.6g} (N/(2L)), T1 = {proposal['T1']} "
-        f"(1/(mu lr)), k = {proposal['k']:g} ({proposal['rounds_per_stage']} round(s) a stage), "
-        f"drift = {str(proposal['drift']).lower()}, k x2 a stage",
+        f"(1/(mu lr)), k = {proposal['k']:g} ({stages}",
     ]
     if proposal["fallback"]:
         lines.append(f"fallback: {proposal['fallback']}")

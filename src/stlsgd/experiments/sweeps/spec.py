@@ -160,6 +160,8 @@ def load_sweep(path: str | Path, *, only: list[str] | None = None, limit: int | 
     """
     path = Path(path)
     raw = read_raw(path)
+    if "methods" not in raw and raw.keys() & {"algorithm", "data", "problem", "run"}:
+        raise ConfigError(f"{path}: an experiment config (no methods), not a sweep file: `stlsgd run {path}`")
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as exc:
