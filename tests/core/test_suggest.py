@@ -3,6 +3,7 @@ failure as one line or a stated fallback."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -10,13 +11,15 @@ import numpy as np
 import pytest
 import yaml
 
-from stlsgd.algorithms.stl_sgd import STLSGDStationary
+from stlsgd.algorithms.registry import PlanContext
+from stlsgd.algorithms.schedules import LRCoupledConfig
+from stlsgd.algorithms.stl_sgd import STLSCConfig, STLSGDStationary
 from stlsgd.cli import main
 from stlsgd.data import load_dataset, make_partition
 from stlsgd.experiments.build import build
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
-from stlsgd.experiments.suggest import MIN_K1, R_NONIID, Estimates, estimate, propose
+from stlsgd.experiments.suggest import MIN_K1, R_NONIID, Estimates, estimate, method_config, propose
 from stlsgd.problems.logistic import LogisticRegression
 
 
@@ -40,12 +43,7 @@ def test_the_estimates_are_the_definitions_computed_directly() -> None:
     rule = p["T1"] // math.ceil(R_NONIID * math.sqrt(1 + 4 * e.zeta2 / e.sigma2))
     assert p["k"] == max(rule, min(MIN_K1, p["T1"] // 2)) and p["stage_end"] == "stationary"
     shared = propose(estimate(problem, make_partition(ds.y, 4, "shared", seed=0)))
-    assert (shared["drift"], shared["rounds_per_stage"], shared["k"], shared["stage_end"]) == (
-        False,
-        1,
-        shared["T1"],
-        "length",
-    )
+    assert (shared["method"], shared["drift"], shared["k"]) == ("lr_coupled", False, 8 * shared["T1"])
 
 
 def _estimates(**changes: float) -> Estimates:
@@ -53,17 +51,24 @@ def _estimates(**changes: float) -> Estimates:
     return Estimates(**{**base, **changes})  # type: ignore[arg-type]
 
 
-def test_iid_proposal_is_one_round_a_stage_without_drift_correction() -> None:
-    # eta_1 = N/(2L) = 32/4 = 8; T_1 = 1/(mu eta_1) = 1/(1e-5 * 8) = 12,500; k_1 = T_1.
+def test_iid_proposal_is_lr_coupled_stl_on_a_one_over_mu_t_decay_without_drift_correction() -> None:
+    # eta_1 = N/(2L) = 32/4 = 8; T_1 = 1/(mu eta_1) = 1/(1e-5 * 8) = 12,500; eta_t = 8 / (1 + 8e-5 t); k_1 = 8 T_1.
     p = propose(_estimates())
-    assert (p["lr"], p["T1"], p["k"], p["drift"], p["iid"], p["rounds_per_stage"]) == (
+    assert (p["method"], p["lr"], p["lr_decay"], p["T1"], p["k"], p["drift"]) == (
+        "lr_coupled",
         8.0,
+        8e-5,
         12_500,
-        12_500.0,
+        100_000.0,
         False,
-        True,
-        1,
     )
+    alg = method_config(STLSCConfig(auto=True, batch=2, outer_lr=0.7), p)  # what auto runs: batch and outer step kept
+    assert isinstance(alg, LRCoupledConfig)
+    assert (alg.lr, alg.lr_decay, alg.k, alg.drift, alg.batch, alg.outer_lr) == (8.0, 8e-5, 100_000.0, False, 2, 0.7)
+    # its rounds: k_t = k_1 eta_1 / eta_t, eta_t = eta_1 / (1 + mu eta_1 t): 100,000, then 100,000 (1 + 8) = 900,000
+    plan = alg.plan(PlanContext(num_samples=10_000, num_clients=32, lam=1e-5, iid=True, max_iterations=10**7))
+    first, second = itertools.islice(plan.rounds(), 2)
+    assert (first.steps, second.steps) == (100_000, 900_000)
 
 
 def test_non_iid_proposal_switches_drift_correction_on_and_ends_stages_when_stationary() -> None:
@@ -125,7 +130,7 @@ def test_suggest_prints_the_estimates_and_the_proposal(tmp_path: Path, capsys: p
     assert main(["suggest", str(config)]) == 0
     out = capsys.readouterr().out
     assert "L = " in out and "sigma^2 = " in out and "Theorem 2: eta_1 <= 1/(6L)" in out
-    assert "proposal (algorithm.auto = true): lr = " in out and "drift = false" in out
+    assert "proposal (algorithm.auto = true): LR-coupled STL, lr = " in out and "drift = false" in out
 
 
 @pytest.mark.parametrize(

@@ -190,7 +190,8 @@ class STLSCConfig(_Stagewise):
     lr_T1: float = Field(1.0, gt=0, description="eta_1 T_1 = lr_T1 / lambda when T1 is unset (the paper: 1)")
     auto: bool = Field(
         False,
-        description="lr, k, T1, iid, drift and stage_end from the data's estimated constants (stlsgd suggest); no grid",
+        description="the method and its settings from the data's estimated constants (stlsgd suggest): this with "
+        "drift and stationary stages (Non-IID), LR-coupled STL (IID); no grid",
     )
     stage_end: Literal["length", "stationary"] | None = Field(
         None,

@@ -197,11 +197,8 @@ def with_plan(exp: Experiment, built: Built) -> Built:
     the data first (:mod:`stlsgd.experiments.suggest`), and ``built.algorithm`` records what ran."""
     alg: MethodConfig = exp.algorithm  # the registry's union: every member is a MethodConfig
     if getattr(alg, "auto", False):
-        from stlsgd.experiments.suggest import estimates_for, propose
+        from stlsgd.experiments.suggest import estimates_for, method_config, propose
 
-        proposal = propose(estimates_for(built))
-        alg = alg.model_copy(
-            update={k: proposal[k] for k in ("lr", "T1", "k", "drift", "iid", "stage_end")} | {"auto": False}
-        )
+        alg = method_config(alg, propose(estimates_for(built)))
     plan = alg.plan(plan_context(exp, built.dataset.n, built.problem.lam))
     return dataclasses.replace(built, plan=plan, rule=round_rule(alg), algorithm=alg)

@@ -16,8 +16,10 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
 - eta_1 = N / (2L): the largest step 1/(2L) of one client, scaled by the N clients whose steps are averaged (the
   linear scaling the paper's eta_1 = N/10 follows);
 - T_1 = 1 / (mu eta_1): the paper's experimental rule eta_1 T_1 = 1/lambda (Theorem 2's form, with 1 for 6);
-- when the clients sample alike (zeta^2 / sigma^2 <= IID_SHARE): k_1 = T_1, one round a stage, no drift
-  correction (Algorithm 2's IID rule; every stage is one long round);
+- when the clients sample alike (zeta^2 / sigma^2 <= IID_SHARE): LR-coupled STL (the paper's eta k = constant on
+  eta_t = eta_1 / (1 + mu eta_1 t), the 1/(mu t) decay of strongly convex SGD, where Algorithm 2 halves eta once a
+  stage), k_1 = IID_K1_STAGES T_1, no drift correction: each round is 1 + IID_K1_STAGES times all the steps before
+  it, and the lr falls smoothly inside it;
 - otherwise drift correction on, and stages that end when the run is stationary (``stage_end = "stationary"``,
   :class:`~stlsgd.algorithms.stl_sgd.STLSGDStationary`: the objective is higher than five or more rounds before,
   at most T_s), and k_1 = T_1 / R, R = R_NONIID sqrt(1 + 4 zeta^2 / sigma^2) (Theorem 2's Non-IID factor), but at
@@ -39,6 +41,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from stlsgd.algorithms.registry import REGISTRY, MethodConfig
 from stlsgd.data import Partition
 from stlsgd.errors import ConfigError, StlsgdError
 from stlsgd.problems.logistic import LogisticRegression, _expit
@@ -50,6 +53,9 @@ from stlsgd.problems.logistic import LogisticRegression, _expit
 # the objective less than its noise, so stages ended early (digits49: 1,530 rounds at k_1 = 2, 20-35 at 60).
 R_NONIID = 32
 MIN_K1 = 64
+# Alike clients: LR-coupled STL's first period in first stages T_1 = 1/(mu eta_1). Each round is then 1 + 8 = 9 times
+# all the steps before it; on a9a IID 2, 4, 8 and 16 T_1 took 7, 6, 5 and 4 rounds (docs/results/schedules.md).
+IID_K1_STAGES = 8
 # Below this share of the gradient noise, the clients count as sampling alike (zeta^2 / sigma^2).
 IID_SHARE = 1e-3
 
@@ -122,32 +128,57 @@ def propose(e: Estimates) -> dict[str, Any]:
     lr = e.num_clients / (2.0 * e.L)
     T1 = max(int(math.ceil(1.0 / (e.mu * lr))), 1)
     drift = share > IID_SHARE
-    if drift:
-        k = max(T1 // math.ceil(R_NONIID * math.sqrt(1 + 4 * share)), min(MIN_K1, T1 // 2), 1)
-    else:
-        k = T1
+    if not drift:
+        # Alike clients: STL's eta k = constant on eta_t = eta_1 / (1 + mu eta_1 t), the 1/(mu t) decay of
+        # strongly convex SGD, instead of halving eta once a stage (LR-coupled STL).
+        return {
+            "method": "lr_coupled",
+            "lr": lr,
+            "lr_decay": e.mu * lr,
+            "k": float(IID_K1_STAGES * T1),
+            "T1": T1,
+            "drift": False,
+            "fallback": fallback,
+        }
+    k = max(T1 // math.ceil(R_NONIID * math.sqrt(1 + 4 * share)), min(MIN_K1, T1 // 2), 1)
     return {
+        "method": "stl_sc",
         "lr": lr,
         "T1": T1,
         "k": float(k),
-        "drift": drift,
+        "drift": True,
         "iid": True,
         # Clients that differ: a stage ends when the run is stationary (at most T_s), not after a fixed R rounds.
-        "stage_end": "stationary" if drift else "length",
+        "stage_end": "stationary",
         "rounds_per_stage": math.ceil(T1 / k),
         "fallback": fallback,
     }
 
 
+def method_config(auto: MethodConfig, proposal: dict[str, Any]) -> MethodConfig:
+    """The method ``auto`` (an STL-SGD^sc config with ``auto = true``) runs: the proposal's method and settings,
+    with the fields auto does not set (batch, the outer step) as given."""
+    kept = auto.model_dump(include={"batch", "outer_lr", "outer_momentum"})
+    fields = {k: v for k, v in proposal.items() if k not in ("T1", "rounds_per_stage", "fallback")}
+    if proposal["method"] == "stl_sc":
+        fields["T1"] = proposal["T1"]
+    return REGISTRY[proposal["method"]].model_validate({**kept, **fields})
+
+
 def report(e: Estimates, proposal: dict[str, Any]) -> str:
     t2 = theorem2(e)
-    if proposal["stage_end"] == "stationary":
-        stages = (
-            f"at most {proposal['rounds_per_stage']} rounds a stage), drift = true, a stage ends when the objective "
-            "stops falling (at most T_s), k x2 while each stage's drop holds"
+    if proposal["method"] == "stl_sc":
+        rule = (
+            f"STL-SGD^sc, lr = {proposal['lr']:.6g} (N/(2L)), T1 = {proposal['T1']} (1/(mu lr)), k = "
+            f"{proposal['k']:g} (at most {proposal['rounds_per_stage']} rounds a stage), drift = true, a stage ends "
+            "when the objective stops falling (at most T_s), k x2 while each stage's drop holds"
         )
     else:
-        stages = f"one round a stage), drift = {str(proposal['drift']).lower()}, k x2 a stage"
+        rule = (
+            f"LR-coupled STL, lr = {proposal['lr']:.6g} (N/(2L)), lr_decay = {proposal['lr_decay']:.6g} (mu lr: "
+            f"eta_t = lr / (1 + mu lr t)), k = {proposal['k']:g} ({IID_K1_STAGES} T1, T1 = 1/(mu lr) = "
+            f"{proposal['T1']}), k_t = k eta_1 / eta_t, drift = false"
+        )
     lines = [
         f"n = {e.n}, d = {e.d}, N = {e.num_clients} clients",
         f"L = {e.L:.6g} (power iteration on the Hessian at x_0), L_max = {e.L_max:.6g} (row norms), "
@@ -156,8 +187,7 @@ def report(e: Estimates, proposal: dict[str, Any]) -> str:
         f"at x_0; zeta^2 / sigma^2 = {e.zeta2 / e.sigma2 if e.sigma2 else 0:.3g})",
         f"Theorem 2: eta_1 <= 1/(6L) = {t2['lr']:.4g}, T_1 = 6/(mu eta_1) = {t2['T1']:.4g}, k_1 = "
         f"{t2['k1_iid']:.3g} (IID) / {t2['k1_noniid']:.3g} (Non-IID): under 1, an average every step",
-        f"proposal (algorithm.auto = true): lr = {proposal['lr']:.6g} (N/(2L)), T1 = {proposal['T1']} "
-        f"(1/(mu lr)), k = {proposal['k']:g} ({stages}",
+        f"proposal (algorithm.auto = true): {rule}",
     ]
     if proposal["fallback"]:
         lines.append(f"fallback: {proposal['fallback']}")
