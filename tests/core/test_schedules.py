@@ -11,10 +11,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stlsgd.algorithms import QSR, AdaComm, Cosine, Cursor, Feedback, InverseTime, LRCoupled, PostLocalSGD, StepDecay
+from stlsgd.algorithms import (
+    QSR,
+    STLSGD,
+    AdaComm,
+    Cosine,
+    Cursor,
+    Feedback,
+    InverseTime,
+    LRCoupled,
+    PostLocalSGD,
+    StepDecay,
+    STLSGDStationary,
+)
 from stlsgd.algorithms.driver import PlanDriver
 from stlsgd.algorithms.registry import PlanContext
-from stlsgd.algorithms.stl_sgd import STLSGD, STLSGDStationary
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
 

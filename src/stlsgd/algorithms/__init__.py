@@ -6,7 +6,7 @@ Importing this package registers every method (:mod:`stlsgd.algorithms.registry`
 from stlsgd.algorithms.baselines import CRPSGD, LBSGD, LocalSGD, SyncSGD
 from stlsgd.algorithms.plan import NO_FEEDBACK, Cosine, Cursor, Feedback, InverseTime, Plan, Round, StepDecay
 from stlsgd.algorithms.registry import REGISTRY, MethodConfig, PlanContext
-from stlsgd.algorithms.stl_sgd import STLSGD, first_stage_length
+from stlsgd.algorithms.stl_sgd import STLSGD, STLSGDStationary, first_stage_length
 
 # isort: split
 # The paper's methods register first (the registry's order is the order `stlsgd methods` lists them in).
@@ -19,6 +19,7 @@ __all__ = [
     "QSR",
     "REGISTRY",
     "STLSGD",
+    "STLSGDStationary",
     "AdaComm",
     "Cosine",
     "Cursor",

@@ -53,7 +53,7 @@ from stlsgd.problems.logistic import LogisticRegression, _expit
 # the objective less than its noise, so stages ended early (digits49: 1,530 rounds at k_1 = 2, 20-35 at 60).
 R_NONIID = 32
 MIN_K1 = 64
-# Alike clients: LR-coupled STL's first period in first stages T_1 = 1/(mu eta_1). Each round is then 1 + 8 = 9 times
+# Alike clients: LR-coupled STL's first period, in units of T_1 = 1/(mu eta_1). Each round is then 1 + 8 = 9 times
 # all the steps before it; on a9a IID 2, 4, 8 and 16 T_1 took 7, 6, 5 and 4 rounds (docs/results/schedules.md).
 IID_K1_STAGES = 8
 # Below this share of the gradient noise, the clients count as sampling alike (zeta^2 / sigma^2).
