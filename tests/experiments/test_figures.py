@@ -163,6 +163,16 @@ def test_curve_figure_splits_rows_keeps_family_colours_and_drift_dashes() -> Non
     assert first == "first to the target:\nSyncSGD"
 
 
+def test_a_run_with_one_evaluated_point_is_drawn_as_a_marker() -> None:
+    # A sweep's two-round run may have evaluated once (at its end): a line through one point is invisible.
+    curves = [Curve("LR-coupled STL", [2], [5e-5], "lr_coupled"), Curve("QSR + drift", [3], [8e-5], "qsr")]
+    fig = draw_panels([Panel("a9a (IID)", "gap", curves, target=1e-4)], "rounds", log_x=True)
+    lone = {line.get_label(): line for line in _data_lines(fig.axes[0])}
+    assert lone["LR-coupled STL"].get_marker() == "o" and lone["QSR + drift"].get_marker() == "o"
+    assert lone["QSR + drift"].get_markerfacecolor() == "white"  # hollow: + drift, as on the computation figure
+    assert lone["LR-coupled STL"].get_markerfacecolor() == lone["LR-coupled STL"].get_color()
+
+
 def test_few_rows_share_one_row_of_panels() -> None:
     rows = ROWS[:5]
     fig = draw_panels([Panel("MNIST 4 vs 9 (IID)", "gap", _curves(rows, 1.0), target=1e-4)], "rounds", log_x=True)
@@ -219,6 +229,35 @@ def test_a_report_warns_of_runs_it_cannot_draw(tmp_path: Path, caplog: pytest.Lo
         panel = _panels(sweeps, "round")[0]
     assert panel.curves == []
     assert len(caplog.records) == 6 and all("stlsgd replay" in r.getMessage() for r in caplog.records)
+
+
+def test_a_report_says_when_its_curves_come_from_sparsely_evaluated_runs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from stlsgd.experiments.report import load_sweep_dir, warn_sparse_runs
+
+    archive = tmp_path / "table2_a9a_iid"
+    archive.mkdir()
+    for name in ("best.json", "results.jsonl"):
+        (archive / name).write_bytes((REPO / "docs/results/table2_data/table2_a9a_iid" / name).read_bytes())
+    sweeps = [load_sweep_dir(archive)]
+    drawn = {label: info["run_dir"] for label, info in sweeps[0]["methods"].items() if info.get("run_dir")}
+    for i, run_dir in enumerate(drawn.values()):  # the first run skipped two evaluations, the rest none
+        (archive / run_dir).mkdir(parents=True)
+        (archive / run_dir / "metrics.jsonl").write_text('{"round": 3, "gap": 9e-5}\n')
+        evaluation = {"sparse": True, "skipped": 2 if i == 0 else 0}
+        (archive / run_dir / "summary.json").write_text(json.dumps({"evaluation": evaluation}))
+    with caplog.at_level("WARNING", logger="stlsgd"):
+        note = warn_sparse_runs(sweeps)
+    first = next(iter(drawn))
+    assert (
+        note
+        == "a9a (IID): runs evaluated only where they could reach the target (stlsgd replay draws every evaluation)"
+    )
+    [record] = caplog.records
+    assert f"1 drawn run(s) evaluated only where they could reach the target ({first})" in record.getMessage()
+    (archive / drawn[first] / "summary.json").write_text(json.dumps({"evaluation": {"sparse": True, "skipped": 0}}))
+    assert warn_sparse_runs(sweeps) == ""  # every evaluation made: nothing to say
 
 
 POINTS = [

@@ -222,8 +222,22 @@ def draw_panels(
                 # A row that never reached the target keeps its colour and style (one legend entry per row in
                 # every panel), faded, and is named in the panel's corner.
                 alpha = 1.0 if curve.reached else 0.4
-                ax.plot(xs, ys, label=label, linewidth=1.6, color=s.color, linestyle=s.linestyle, alpha=alpha)
-                if s.marker:
+                # A sweep run evaluates only where it could end (sparse evaluation): a two-round run may have one
+                # point, which a line alone would not show.
+                lone = len(xs) == 1
+                ax.plot(
+                    xs,
+                    ys,
+                    label=label,
+                    linewidth=1.6,
+                    color=s.color,
+                    linestyle=s.linestyle,
+                    alpha=alpha,
+                    marker=(s.marker or "o") if lone else None,
+                    markersize=6,
+                    markerfacecolor="white" if lone and has_drift(label) else None,
+                )
+                if s.marker and not lone:
                     ax.plot(
                         xs,
                         ys,

@@ -237,6 +237,34 @@ def warn_missing_runs(sweeps: list[dict[str, Any]]) -> None:
                 )
 
 
+def warn_sparse_runs(sweeps: list[dict[str, Any]]) -> str:
+    """One warning for each sweep whose drawn runs skipped evaluations (a sweep evaluates only where a run could
+    reach the target: their curves are a few points near it), and the figures' note; "" when none did."""
+    sparse = []
+    for sweep in sweeps:
+        labels = []
+        for label, _, path in _drawn(sweep):
+            try:
+                evaluation = json.loads((path.parent / "summary.json").read_text()).get("evaluation") or {}
+            except (OSError, ValueError, AttributeError):
+                continue  # a missing or foreign summary: warn_missing_runs or the curves say what is wrong
+            if isinstance(evaluation, dict) and evaluation.get("skipped"):
+                labels.append(label)
+        if labels:
+            log.warning(
+                "%s: %d drawn run(s) evaluated only where they could reach the target (%s): their curves are those "
+                "points; stlsgd replay %s reruns them with every evaluation",
+                sweep["_dir"],
+                len(labels),
+                ", ".join(labels),
+                sweep["_dir"],
+            )
+            sparse.append(sweep_title(sweep))
+    if not sparse:
+        return ""
+    return f"{', '.join(sparse)}: runs evaluated only where they could reach the target (stlsgd replay draws every evaluation)"
+
+
 def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
     panels = []
     for sweep in sweeps:
@@ -402,9 +430,16 @@ def _build(sweeps: list[dict[str, Any]], into: Path, prefix: str, network: Netwo
     md.write_text(text)
     write_csv(sweeps, csv_path)
     warn_missing_runs(sweeps)
-    rounds = panels_figure(_panels(sweeps, "round"), "communication rounds", into / f"{prefix}_rounds.png", log_x=True)
+    note = warn_sparse_runs(sweeps)
+    rounds = panels_figure(
+        _panels(sweeps, "round"), "communication rounds", into / f"{prefix}_rounds.png", log_x=True, note=note
+    )
     epochs = panels_figure(
-        _panels(sweeps, "epochs"), "epochs (samples by all clients / n)", into / f"{prefix}_epochs.png", log_x=True
+        _panels(sweeps, "epochs"),
+        "epochs (samples by all clients / n)",
+        into / f"{prefix}_epochs.png",
+        log_x=True,
+        note=note,
     )
     written = [md, csv_path, rounds, epochs, compute_figure(sweeps, into / f"{prefix}_compute.png", network)]
     if network is not None:
