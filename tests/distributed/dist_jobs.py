@@ -105,6 +105,21 @@ CONFIGS = {
         max_rounds = 25
         eval_every = 2
     """,
+    # auto in Non-IID data: STL-SGD^sc + drift whose stages end on the objectives rank 0 evaluates.
+    "stl_auto": """
+        name = "s"
+        [data]
+        dataset = "digits49"
+        num_clients = 4
+        partition = "noniid"
+        [algorithm]
+        method = "stl_sc"
+        auto = true
+        [run]
+        target_gap = "none"
+        max_rounds = 40
+        eval_every = 2
+    """,
     "qsr": """
         name = "s"
         [data]
@@ -141,6 +156,7 @@ JOBS: dict[int, list[Job]] = {
         Job("drift", "trace", "drift"),
         Job("adacomm", "run", "adacomm"),
         Job("qsr", "run", "qsr"),
+        Job("stl_auto", "run", "stl_auto"),
     ],
     4: [
         Job("nc_uneven", "run", "nc_uneven"),

@@ -75,9 +75,10 @@ def test_drift_correction_and_the_outer_step_on_ranks_are_the_simulators_bits(tm
     assert np.array_equal(d_state.outer_momentum["w"], s_state.outer_momentum["w"])
 
 
-@pytest.mark.parametrize("method", ["adacomm", "qsr"])
+@pytest.mark.parametrize("method", ["adacomm", "qsr", "stl_auto"])
 def test_the_new_schedules_on_ranks_are_the_simulators_bits(tmp_path: Path, method: str, dist_runs) -> None:
-    # AdaComm reads the loss rank 0 evaluates (broadcast with the verdict); QSR's period follows its own lr.
+    # AdaComm reads the loss rank 0 evaluates (broadcast with the verdict); QSR's period follows its own lr;
+    # auto's stationary stages end, and its period grows, on the objectives fed back.
     config = write_config(tmp_path, method)
     run_experiment(load_config(config), tmp_path / "sim", progress=False)
     dist_out = dist_runs(2, method)
