@@ -234,7 +234,7 @@ def test_a_report_warns_of_runs_it_cannot_draw(tmp_path: Path, caplog: pytest.Lo
 def test_a_report_says_when_its_curves_come_from_sparsely_evaluated_runs(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from stlsgd.experiments.report import load_sweep_dir, warn_sparse_runs
+    from stlsgd.experiments.report import load_sweep_dir, sparse_note, sparse_runs, warn_sparse_runs
 
     archive = tmp_path / "table2_a9a_iid"
     archive.mkdir()
@@ -247,17 +247,18 @@ def test_a_report_says_when_its_curves_come_from_sparsely_evaluated_runs(
         (archive / run_dir / "metrics.jsonl").write_text('{"round": 3, "gap": 9e-5}\n')
         evaluation = {"sparse": True, "skipped": 2 if i == 0 else 0}
         (archive / run_dir / "summary.json").write_text(json.dumps({"evaluation": evaluation}))
-    with caplog.at_level("WARNING", logger="stlsgd"):
-        note = warn_sparse_runs(sweeps)
     first = next(iter(drawn))
-    assert (
-        note
-        == "a9a (IID): runs evaluated only where they could reach the target (stlsgd replay draws every evaluation)"
+    sparse = sparse_runs(sweeps)
+    assert sparse == {archive: [first]}
+    assert sparse_note(sweeps, sparse) == (
+        "a9a (IID): runs evaluated only where they could reach the target (stlsgd replay draws every evaluation)"
     )
+    with caplog.at_level("WARNING", logger="stlsgd"):
+        warn_sparse_runs(sparse)
     [record] = caplog.records
     assert f"1 drawn run(s) evaluated only where they could reach the target ({first})" in record.getMessage()
     (archive / drawn[first] / "summary.json").write_text(json.dumps({"evaluation": {"sparse": True, "skipped": 0}}))
-    assert warn_sparse_runs(sweeps) == ""  # every evaluation made: nothing to say
+    assert sparse_runs(sweeps) == {} and sparse_note(sweeps, {}) == ""  # every evaluation made: nothing to say
 
 
 POINTS = [

@@ -226,6 +226,8 @@ def test_report_prices_each_row_by_hand_and_draws_the_time_figures(
     for name in ("table_latency.png", "table_compute.png"):
         with Image.open(tmp_path / "rep" / name) as image:
             assert image.size[0] > 300 and image.size[1] > 200
+    # The sweep's runs evaluated sparsely: the report said so, once it was written.
+    assert "evaluated only where they could reach the target" in capsys.readouterr().err
     # A malformed network is one line, before anything is written.
     assert main(["report", str(out), "--out", str(tmp_path / "bad"), "--network", "latency=0ms,bandwidth=1Gbit"]) == 2
     assert capsys.readouterr().err.strip() == "stlsgd: error: --network: latency: must be > 0, got '0ms'"

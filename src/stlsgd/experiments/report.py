@@ -237,32 +237,40 @@ def warn_missing_runs(sweeps: list[dict[str, Any]]) -> None:
                 )
 
 
-def warn_sparse_runs(sweeps: list[dict[str, Any]]) -> str:
-    """One warning for each sweep whose drawn runs skipped evaluations (a sweep evaluates only where a run could
-    reach the target: their curves are a few points near it), and the figures' note; "" when none did."""
-    sparse = []
+def sparse_runs(sweeps: list[dict[str, Any]]) -> dict[Path, list[str]]:
+    """Sweep directory -> the rows whose drawn run skipped evaluations (a sweep evaluates only where a run could
+    reach the target, so their curves are a few points near it); sweeps with none left out."""
+    sparse: dict[Path, list[str]] = {}
     for sweep in sweeps:
-        labels = []
         for label, _, path in _drawn(sweep):
             try:
                 evaluation = json.loads((path.parent / "summary.json").read_text()).get("evaluation") or {}
             except (OSError, ValueError, AttributeError):
                 continue  # a missing or foreign summary: warn_missing_runs or the curves say what is wrong
             if isinstance(evaluation, dict) and evaluation.get("skipped"):
-                labels.append(label)
-        if labels:
-            log.warning(
-                "%s: %d drawn run(s) evaluated only where they could reach the target (%s): their curves are those "
-                "points; stlsgd replay %s reruns them with every evaluation",
-                sweep["_dir"],
-                len(labels),
-                ", ".join(labels),
-                sweep["_dir"],
-            )
-            sparse.append(sweep_title(sweep))
-    if not sparse:
+                sparse.setdefault(sweep["_dir"], []).append(label)
+    return sparse
+
+
+def sparse_note(sweeps: list[dict[str, Any]], sparse: dict[Path, list[str]]) -> str:
+    """The figures' line above the curves when some of them come from sparsely evaluated runs ("" when none)."""
+    titles = [sweep_title(sweep) for sweep in sweeps if sweep["_dir"] in sparse]
+    if not titles:
         return ""
-    return f"{', '.join(sparse)}: runs evaluated only where they could reach the target (stlsgd replay draws every evaluation)"
+    return f"{', '.join(titles)}: runs evaluated only where they could reach the target (stlsgd replay draws every evaluation)"
+
+
+def warn_sparse_runs(sparse: dict[Path, list[str]]) -> None:
+    """One warning for each sweep whose drawn runs skipped evaluations (:func:`sparse_runs`)."""
+    for directory, labels in sparse.items():
+        log.warning(
+            "%s: %d drawn run(s) evaluated only where they could reach the target (%s): their curves are those "
+            "points; stlsgd replay %s reruns them with every evaluation",
+            directory,
+            len(labels),
+            ", ".join(labels),
+            directory,
+        )
 
 
 def _panels(sweeps: list[dict[str, Any]], x_key: str) -> list[Panel]:
@@ -430,7 +438,8 @@ def _build(sweeps: list[dict[str, Any]], into: Path, prefix: str, network: Netwo
     md.write_text(text)
     write_csv(sweeps, csv_path)
     warn_missing_runs(sweeps)
-    note = warn_sparse_runs(sweeps)
+    sparse = sparse_runs(sweeps)
+    note = sparse_note(sweeps, sparse)
     rounds = panels_figure(
         _panels(sweeps, "round"), "communication rounds", into / f"{prefix}_rounds.png", log_x=True, note=note
     )
@@ -444,6 +453,7 @@ def _build(sweeps: list[dict[str, Any]], into: Path, prefix: str, network: Netwo
     written = [md, csv_path, rounds, epochs, compute_figure(sweeps, into / f"{prefix}_compute.png", network)]
     if network is not None:
         written.append(latency_figure(sweeps, network, into / f"{prefix}_latency.png"))
+    warn_sparse_runs(sparse)  # once everything is written: a report that fails says only why
     return [p.name for p in written]
 
 
