@@ -13,6 +13,7 @@ from PIL import Image
 
 from stlsgd.cli import main
 from stlsgd.experiments.sweeps import load_sweep, read_results
+from stlsgd.experiments.sweeps.spec import grid_edges
 
 SWEEP = """
 name = "ci_small_a9a"
@@ -82,11 +83,21 @@ def test_sweep_writes_results_and_best(swept: tuple[Path, Path, int]) -> None:
         assert chosen["min"] == min(rounds) and chosen["max"] == max(rounds)
         for v in seeds.values():
             assert (out / v["run_dir"] / "metrics.jsonl").is_file()
+        assert chosen["edges"] == grid_edges(chosen["settings"], sweep.grids[label])
+    # Local SGD's good lr 0.4 is its list's largest (k = [20] has no edge): the choice sits at the grid's edge.
+    assert best["methods"]["Local SGD"]["edges"] == ["lr"]
     # Every run keeps its final model, as a plain `stlsgd run` does (the README says every run writes it).
     for r in records:
         assert (out / r["run_dir"] / "final_params.npz").is_file(), r["run_dir"]
     # SyncSGD evaluates every 5 rounds, so its round counts are multiples of 5.
     assert all(r["rounds_to_target"] % 5 == 0 for r in records if r["label"] == "SyncSGD" and r["status"] == "reached")
+
+
+def test_grid_edges_by_hand() -> None:
+    grid = {"lr": [3.2, 32, 0.32], "k": [800, 25600], "warmup": [1000, 100, 10000], "iid": [True, False], "s": [7]}
+    assert grid_edges({"lr": 3.2, "k": 25600, "warmup": 100, "iid": True, "s": 7}, grid) == ["k", "warmup"]
+    assert grid_edges({"lr": 0.32, "k": 800, "warmup": 1000}, grid) == ["lr", "k"]  # the smallest is an edge too
+    assert grid_edges({"lr": 3.2}, {"lr": [3.2, "x"]}) == []  # not a list of numbers: no order to be at the end of
 
 
 def test_hopeless_runs_are_pruned_not_failed(swept: tuple[Path, Path, int]) -> None:
@@ -175,6 +186,9 @@ def test_report_writes_table_and_figures(swept: tuple[Path, Path, int], tmp_path
     md = (tmp_path / "t2.md").read_text()
     for label in best["methods"]:
         assert f"| {label} |" in md
+    # A setting chosen at its list's edge is marked, and named under the table.
+    assert "| Local SGD | lr=0.4 (edge), k=20 (eval every 1) |" in md
+    assert "extend it, or say why not." in md and "Local SGD (ci_small_a9a): lr" in md
     rows = list(csv.DictReader(open(tmp_path / "t2.csv")))
     by_label = {r["label"]: r for r in rows}
     sync = float(by_label["SyncSGD"]["median_rounds"])

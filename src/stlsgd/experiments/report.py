@@ -93,6 +93,7 @@ def table_rows(sweeps: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "speedup": (base / median) if (base and median) else None,
                     "settings": info.get("settings"),
                     "eval_every": info.get("eval_every"),
+                    "edges": info.get("edges") or [],  # best.json of an older stlsgd has none
                 }
             )
     return rows
@@ -156,10 +157,19 @@ def markdown(sweeps: list[dict[str, Any]]) -> str:
             if row is None or row["settings"] is None:
                 cells.append("" if row is None else "—")
             else:
+                edges = row["edges"]
                 cells.append(
-                    ", ".join(f"{k}={v}" for k, v in row["settings"].items()) + f" (eval every {row['eval_every']})"
+                    ", ".join(f"{k}={v}" + (" (edge)" if k in edges else "") for k, v in row["settings"].items())
+                    + f" (eval every {row['eval_every']})"
                 )
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    at_edge = [f"{r['label']} ({r['sweep']}): {', '.join(r['edges'])}" for r in rows if r["edges"]]
+    if at_edge:
+        lines += [
+            "",
+            "(edge): chosen at the smallest or largest value of its grid's list, so a longer list might choose "
+            "better: extend it, or say why not. " + "; ".join(at_edge) + ".",
+        ]
     lines += [
         "",
         "Grid runs per row (reached / pruned / budget / diverged / failed, of the settings in the grid):",
@@ -206,12 +216,14 @@ def write_csv(sweeps: list[dict[str, Any]], path: Path) -> None:
         "speedup",
         "eval_every",
         "settings",
+        "edges",
     ]
     with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
         for row in rows:
-            writer.writerow({**row, "settings": json.dumps(row["settings"]) if row["settings"] else ""})
+            settings = json.dumps(row["settings"]) if row["settings"] else ""
+            writer.writerow({**row, "settings": settings, "edges": " ".join(row["edges"])})
 
 
 def _drawn(sweep: dict[str, Any]) -> list[tuple[str, dict[str, Any], Path]]:

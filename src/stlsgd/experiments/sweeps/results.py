@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationErro
 
 from stlsgd.errors import StlsgdError
 from stlsgd.experiments.records import RECORD_STATUSES, Number, RunSummary, SweepRecord, record_problem
-from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, with_seed
+from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, grid_edges, with_seed
 from stlsgd.files import append_jsonl, read_jsonl_numbered, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ class _MethodBest(_Strict):
     min: Number | None = None
     max: Number | None = None
     tried: dict[str, StrictInt] = {}
+    edges: list[StrictStr] = []
 
 
 class BestFile(_Strict):
@@ -267,6 +268,8 @@ def summarize_best(sweep: Sweep, records: list[dict[str, Any]]) -> dict[str, Any
             "min": min(reached) if reached else None,
             "max": max(reached) if reached else None,
             "tried": counts,
+            # settings chosen at the smallest or largest value of their grid's list: extend it, or say why not
+            "edges": grid_edges(best["settings"], sweep.grids.get(label, {})),
         }
     run_cfg = sweep.grid[0].config["run"]
     data_cfg = sweep.grid[0].config["data"]

@@ -265,5 +265,11 @@ def _run(sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool, 
                     len(sweep.seeds),
                     info["settings"],
                 )
+                if info["edges"]:
+                    log.warning(
+                        "%s: %s chosen at the edge of its grid's list: a longer list might choose better",
+                        label,
+                        ", ".join(f"{k}={info['settings'][k]}" for k in info["edges"]),
+                    )
         log.info("sweep %s: %.1f s; results in %s/ (%s, %s, runs/)", sweep.name, best["wall_s"], out, RESULTS, BEST)
     return best

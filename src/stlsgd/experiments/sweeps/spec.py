@@ -117,6 +117,20 @@ class Sweep:
     grid: list[RunSpec]
     base: dict[str, Any] = field(default_factory=dict)
     title: str | None = None
+    #: label -> the lists its grid takes each setting from (where a chosen setting sits: :func:`grid_edges`)
+    grids: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+
+
+def grid_edges(settings: dict[str, Any], grid: dict[str, list[Any]]) -> list[str]:
+    """The settings of ``settings`` at the smallest or largest value of a numeric list of two or more in ``grid``:
+    a comparison is as fair as its grids reach, and a choice at an edge says the list should go further."""
+    edges = []
+    for key, value in settings.items():
+        values = grid.get(key, [])
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(set(numbers)) >= 2 and len(numbers) == len(values) and value in (min(numbers), max(numbers)):
+            edges.append(key)
+    return edges
 
 
 def _set_path(raw: dict[str, Any], key: str, value: Any) -> None:
@@ -213,4 +227,5 @@ def load_sweep(path: str | Path, *, only: list[str] | None = None, limit: int | 
     grid = list(_interleave(per_label))
     for order, run_spec in enumerate(grid):
         run_spec.order = order
-    return Sweep(spec.name, path, spec.seeds, spec.prune, labels, grid, base, spec.title)
+    grids = {label: dict(mg.grid) for mg, label in zip(spec.methods, [mg.label or mg.method for mg in spec.methods])}
+    return Sweep(spec.name, path, spec.seeds, spec.prune, labels, grid, base, spec.title, grids)
