@@ -17,6 +17,25 @@ A9A = REPO / "configs" / "examples" / "a9a_stl_sc.toml"
 # four stages in 15,000 iterations; with so large an lr a different summation order shows in the first round.
 A9A_SET = ["algorithm.lr=32", "algorithm.k=100", "run.target_gap=none", "run.max_iterations=15000"]
 
+
+def _on_digits49(algorithm: str, max_rounds: int = 25) -> str:
+    """A schedule that adapts to what is fed back (``algorithm``: the lines of its [algorithm] section) on 4
+    label-sorted digits49 clients, evaluated every 2 rounds, for ``max_rounds`` rounds."""
+    return f"""
+        name = "s"
+        [data]
+        dataset = "digits49"
+        num_clients = 4
+        partition = "noniid"
+        [algorithm]
+        {algorithm}
+        [run]
+        target_gap = "none"
+        max_rounds = {max_rounds}
+        eval_every = 2
+    """
+
+
 CONFIGS = {
     # 6 clients on 4 ranks (2, 2, 1, 1); Algorithm 3 with its anchor reset every stage; a budget stop.
     "nc_uneven": """
@@ -89,54 +108,10 @@ CONFIGS = {
         max_rounds = 15
     """,
     # AdaComm reads the loss rank 0 evaluates (broadcast with the verdict); QSR's period follows its own lr.
-    "adacomm": """
-        name = "s"
-        [data]
-        dataset = "digits49"
-        num_clients = 4
-        partition = "noniid"
-        [algorithm]
-        method = "adacomm"
-        lr = 0.5
-        lr_decay = 0.05
-        k = 8
-        [run]
-        target_gap = "none"
-        max_rounds = 25
-        eval_every = 2
-    """,
+    "adacomm": _on_digits49('method = "adacomm"\nlr = 0.5\nlr_decay = 0.05\nk = 8'),
     # auto in Non-IID data: STL-SGD^sc + drift whose stages end on the objectives rank 0 evaluates.
-    "stl_auto": """
-        name = "s"
-        [data]
-        dataset = "digits49"
-        num_clients = 4
-        partition = "noniid"
-        [algorithm]
-        method = "stl_sc"
-        auto = true
-        [run]
-        target_gap = "none"
-        max_rounds = 40
-        eval_every = 2
-    """,
-    "qsr": """
-        name = "s"
-        [data]
-        dataset = "digits49"
-        num_clients = 4
-        partition = "noniid"
-        [algorithm]
-        method = "qsr"
-        lr = 0.5
-        lr_decay = 0.05
-        alpha = 2.0
-        h_base = 2
-        [run]
-        target_gap = "none"
-        max_rounds = 25
-        eval_every = 2
-    """,
+    "stl_auto": _on_digits49('method = "stl_sc"\nauto = true', max_rounds=40),
+    "qsr": _on_digits49('method = "qsr"\nlr = 0.5\nlr_decay = 0.05\nalpha = 2.0\nh_base = 2'),
 }
 
 

@@ -187,12 +187,14 @@ def load_sweep(path: str | Path, *, only: list[str] | None = None, limit: int | 
     if "run" in base and "seed" in base["run"] and base["run"]["seed"] not in spec.seeds:
         raise ConfigError(f"{path}: seeds: must include base.run.seed ({base['run']['seed']})")
     labels: list[str] = []
+    grids: dict[str, dict[str, list[Any]]] = {}
     per_label: list[list[RunSpec]] = []
     for i, mg in enumerate(spec.methods):
         label = mg.label or mg.method
         if label in labels:
             raise ConfigError(f"{path}: methods[{i}].label: duplicate label {label!r}")
         labels.append(label)
+        grids[label] = dict(mg.grid)
         for key, values in mg.grid.items():
             if not values:
                 raise ConfigError(f"{path}: methods[{i}].grid.{key}: empty list")
@@ -227,5 +229,4 @@ def load_sweep(path: str | Path, *, only: list[str] | None = None, limit: int | 
     grid = list(_interleave(per_label))
     for order, run_spec in enumerate(grid):
         run_spec.order = order
-    grids = {label: dict(mg.grid) for mg, label in zip(spec.methods, [mg.label or mg.method for mg in spec.methods])}
     return Sweep(spec.name, path, spec.seeds, spec.prune, labels, grid, base, spec.title, grids)
