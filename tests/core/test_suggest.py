@@ -19,7 +19,7 @@ from stlsgd.data import load_dataset, make_partition
 from stlsgd.experiments.build import build
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
-from stlsgd.experiments.suggest import MIN_K1, R_NONIID, Estimates, estimate, method_config, propose
+from stlsgd.experiments.suggest import IID_K1_STAGES, MIN_K1, R_NONIID, Estimates, estimate, method_config, propose
 from stlsgd.problems.logistic import LogisticRegression
 
 
@@ -43,7 +43,7 @@ def test_the_estimates_are_the_definitions_computed_directly() -> None:
     rule = p["T1"] // math.ceil(R_NONIID * math.sqrt(1 + 4 * e.zeta2 / e.sigma2))
     assert p["k"] == max(rule, min(MIN_K1, p["T1"] // 2)) and p["stage_end"] == "stationary"
     shared = propose(estimate(problem, make_partition(ds.y, 4, "shared", seed=0)))
-    assert (shared["method"], shared["drift"], shared["k"]) == ("lr_coupled", False, 8 * shared["T1"])
+    assert (shared["method"], shared["drift"], shared["k"]) == ("lr_coupled", False, IID_K1_STAGES * shared["T1"])
 
 
 def _estimates(**changes: float) -> Estimates:
@@ -52,23 +52,25 @@ def _estimates(**changes: float) -> Estimates:
 
 
 def test_iid_proposal_is_lr_coupled_stl_on_a_one_over_mu_t_decay_without_drift_correction() -> None:
-    # eta_1 = N/(2L) = 32/4 = 8; T_1 = 1/(mu eta_1) = 1/(1e-5 * 8) = 12,500; eta_t = 8 / (1 + 8e-5 t); k_1 = 8 T_1.
-    p = propose(_estimates())
+    # eta_1 = N/(2L) = 32/4 = 8; T_1 = 1/(mu eta_1) = 1/(1e-4 * 8) = 1,250; eta_t = 8 / (1 + 8e-4 t);
+    # k_1 = 256 T_1 = 320,000.
+    p = propose(_estimates(mu=1e-4))
     assert (p["method"], p["lr"], p["lr_decay"], p["T1"], p["k"], p["drift"]) == (
         "lr_coupled",
         8.0,
-        8e-5,
-        12_500,
-        100_000.0,
+        8e-4,
+        1_250,
+        320_000.0,
         False,
     )
     alg = method_config(STLSCConfig(auto=True, batch=2, outer_lr=0.7), p)  # what auto runs: batch and outer step kept
     assert isinstance(alg, LRCoupledConfig)
-    assert (alg.lr, alg.lr_decay, alg.k, alg.drift, alg.batch, alg.outer_lr) == (8.0, 8e-5, 100_000.0, False, 2, 0.7)
-    # its rounds: k_t = k_1 eta_1 / eta_t, eta_t = eta_1 / (1 + mu eta_1 t): 100,000, then 100,000 (1 + 8) = 900,000
-    plan = alg.plan(PlanContext(num_samples=10_000, num_clients=32, lam=1e-5, iid=True, max_iterations=10**7))
+    assert (alg.lr, alg.lr_decay, alg.k, alg.drift, alg.batch, alg.outer_lr) == (8.0, 8e-4, 320_000.0, False, 2, 0.7)
+    # its rounds: k_t = k_1 eta_1 / eta_t, eta_t = eta_1 / (1 + mu eta_1 t): 320,000, then 320,000 (1 + 256) =
+    # 82,240,000, held at the plans' cap on a period, 2^20
+    plan = alg.plan(PlanContext(num_samples=10_000, num_clients=32, lam=1e-4, iid=True, max_iterations=10**7))
     first, second = itertools.islice(plan.rounds(), 2)
-    assert (first.steps, second.steps) == (100_000, 900_000)
+    assert (first.steps, second.steps) == (320_000, 2**20)
 
 
 def test_non_iid_proposal_switches_drift_correction_on_and_ends_stages_when_stationary() -> None:
