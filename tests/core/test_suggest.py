@@ -71,6 +71,8 @@ def test_iid_proposal_is_lr_coupled_stl_on_a_one_over_mu_t_decay_without_drift_c
     plan = alg.plan(PlanContext(num_samples=10_000, num_clients=32, lam=1e-4, iid=True, max_iterations=10**7))
     first, second = itertools.islice(plan.rounds(), 2)
     assert (first.steps, second.steps) == (320_000, 2**20)
+    # mu = 1e-5: T_1 = 12,500 and 256 T_1 = 3,200,000 is past that cap, so the proposal says the 2^20 that runs
+    assert propose(_estimates())["k"] == 2**20
 
 
 def test_non_iid_proposal_switches_drift_correction_on_and_ends_stages_when_stationary() -> None:

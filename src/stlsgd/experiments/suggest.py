@@ -18,7 +18,7 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
 - T_1 = 1 / (mu eta_1): the paper's experimental rule eta_1 T_1 = 1/lambda (Theorem 2's form, with 1 for 6);
 - when the clients sample alike (zeta^2 / sigma^2 <= IID_SHARE): LR-coupled STL (the paper's eta k = constant on
   eta_t = eta_1 / (1 + mu eta_1 t), the 1/(mu t) decay of strongly convex SGD, where Algorithm 2 halves eta once a
-  stage), k_1 = IID_K1_STAGES T_1, no drift correction: each round is 1 + IID_K1_STAGES times all the steps before
+  stage), k_1 = IID_K1_STAGES T_1 (at most the plans' 2^20), no drift correction: each round is 1 + IID_K1_STAGES times all the steps before
   it, and the lr falls smoothly inside it;
 - otherwise drift correction on, and stages that end when the run is stationary (``stage_end = "stationary"``,
   :class:`~stlsgd.algorithms.stl_sgd.STLSGDStationary`: the objective is higher than five or more rounds before,
@@ -42,6 +42,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from stlsgd.algorithms.registry import REGISTRY, MethodConfig
+from stlsgd.algorithms.schedules import DEFAULT_K_MAX
 from stlsgd.data import Partition
 from stlsgd.errors import ConfigError, StlsgdError
 from stlsgd.problems.logistic import LogisticRegression, _expit
@@ -137,7 +138,7 @@ def propose(e: Estimates) -> dict[str, Any]:
             "method": "lr_coupled",
             "lr": lr,
             "lr_decay": e.mu * lr,
-            "k": float(IID_K1_STAGES * T1),
+            "k": float(min(IID_K1_STAGES * T1, DEFAULT_K_MAX)),  # the plans' cap on a period
             "T1": T1,
             "drift": False,
             "fallback": fallback,
@@ -178,7 +179,7 @@ def report(e: Estimates, proposal: dict[str, Any]) -> str:
     else:
         rule = (
             f"LR-coupled STL, lr = {proposal['lr']:.6g} (N/(2L)), lr_decay = {proposal['lr_decay']:.6g} (mu lr: "
-            f"eta_t = lr / (1 + mu lr t)), k = {proposal['k']:g} ({IID_K1_STAGES} T1, T1 = 1/(mu lr) = "
+            f"eta_t = lr / (1 + mu lr t)), k = {proposal['k']:.0f} ({IID_K1_STAGES} T1, at most {DEFAULT_K_MAX}; T1 = 1/(mu lr) = "
             f"{proposal['T1']}), k_t = k eta_1 / eta_t, drift = false"
         )
     lines = [
