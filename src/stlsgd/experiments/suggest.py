@@ -18,8 +18,8 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
 - T_1 = 1 / (mu eta_1): the paper's experimental rule eta_1 T_1 = 1/lambda (Theorem 2's form, with 1 for 6);
 - when the clients sample alike (zeta^2 / sigma^2 <= IID_SHARE): LR-coupled STL (the paper's eta k = constant on
   eta_t = eta_1 / (1 + mu eta_1 t), the 1/(mu t) decay of strongly convex SGD, where Algorithm 2 halves eta once a
-  stage), k_1 = IID_K1_STAGES T_1 (at most the plans' 2^20), no drift correction: each round is 1 + IID_K1_STAGES times all the steps before
-  it, and the lr falls smoothly inside it;
+  stage), k_1 = IID_K1_STAGES T_1 (at most the plans' cap, 2^20), no drift correction: each round is
+  1 + IID_K1_STAGES times all the steps before it (up to that cap), and the lr falls smoothly inside it;
 - otherwise drift correction on, and stages that end when the run is stationary (``stage_end = "stationary"``,
   :class:`~stlsgd.algorithms.stl_sgd.STLSGDStationary`: the objective is higher than five or more rounds before,
   at most T_s), and k_1 = T_1 / R, R = R_NONIID sqrt(1 + 4 zeta^2 / sigma^2) (Theorem 2's Non-IID factor), but at
