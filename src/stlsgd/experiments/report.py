@@ -269,7 +269,10 @@ def sparse_note(sweeps: list[dict[str, Any]], sparse: dict[Path, list[str]]) -> 
     titles = [sweep_title(sweep) for sweep in sweeps if sweep["_dir"] in sparse]
     if not titles:
         return ""
-    return f"{', '.join(titles)}: runs evaluated only where they could reach the target (stlsgd replay draws every evaluation)"
+    return (
+        f"{', '.join(titles)}: runs evaluated only where they could reach the target "
+        "(stlsgd replay draws every evaluation)"
+    )
 
 
 def warn_sparse_runs(sparse: dict[Path, list[str]]) -> None:

@@ -179,8 +179,8 @@ def report(e: Estimates, proposal: dict[str, Any]) -> str:
     else:
         rule = (
             f"LR-coupled STL, lr = {proposal['lr']:.6g} (N/(2L)), lr_decay = {proposal['lr_decay']:.6g} (mu lr: "
-            f"eta_t = lr / (1 + mu lr t)), k = {proposal['k']:.0f} ({IID_K1_STAGES} T1, at most {DEFAULT_K_MAX}; T1 = 1/(mu lr) = "
-            f"{proposal['T1']}), k_t = k eta_1 / eta_t, drift = false"
+            f"eta_t = lr / (1 + mu lr t)), k = {proposal['k']:.0f} ({IID_K1_STAGES} T1, at most {DEFAULT_K_MAX}; "
+            f"T1 = 1/(mu lr) = {proposal['T1']}), k_t = k eta_1 / eta_t, drift = false"
         )
     lines = [
         f"n = {e.n}, d = {e.d}, N = {e.num_clients} clients",
