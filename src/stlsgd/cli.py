@@ -117,15 +117,23 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_suggest(args: argparse.Namespace) -> int:
+    from stlsgd.costmodel import parse_network
     from stlsgd.experiments.build import build
     from stlsgd.experiments.config import load_config
     from stlsgd.experiments.suggest import estimates_for, propose, report
 
     exp = load_config(args.config, args.set, sweep_base=True)
+    given = args.network or getattr(exp.algorithm, "network", None)
+    network = parse_network(given, "--network" if args.network else "algorithm.network") if given else None
+    if network is not None and network.step_s is None:
+        raise StlsgdError(
+            f"--network: {given}: suggest needs the time of a client-step too: add step=... (e.g. "
+            "datacenter,step=446ns) or give a profile from stlsgd calibrate"
+        )
     if getattr(exp.algorithm, "auto", False):  # the estimates come from the data, whatever the method's fields
-        exp = exp.model_copy(update={"algorithm": exp.algorithm.model_copy(update={"auto": False})})
+        exp = exp.model_copy(update={"algorithm": exp.algorithm.model_copy(update={"auto": False, "network": None})})
     estimates = estimates_for(build(exp, args.data_dir))
-    print(report(estimates, propose(estimates)))
+    print(report(estimates, propose(estimates, network), network))
     return 0
 
 
@@ -287,6 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="experiment config, or a sweep file (its base) (.toml or .yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
     p.add_argument("--data-dir", help="data directory (default $STLSGD_DATA or the user cache)")
+    p.add_argument(
+        "--network",
+        help="propose for this network (as report's --network, with a client-step's time: datacenter,step=446ns, "
+        "or a profile from stlsgd calibrate); default: algorithm.network, else fewest rounds",
+    )
     p.set_defaults(func=_cmd_suggest)
 
     p = sub.add_parser(

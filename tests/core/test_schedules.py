@@ -165,6 +165,19 @@ def test_stationary_stages_end_when_the_objective_rises_over_five_rounds_and_gro
     assert rounds == [(1, 2, 1.0)] * 11 + [(2, 4, 0.5)] * 5 + [(3, 4, 0.25)] * 2
 
 
+def test_a_capped_period_keeps_the_stationarity_window_in_steps() -> None:
+    # The first test's objectives with k_max = 3: stage 2's period would be 4, so its rounds are 3 steps and the test
+    # compares objectives ceil(4 / 3) x 5 = 10 rounds apart. Round 16's rise (6.5 > 6.0, 5 rounds on) no longer ends
+    # the stage; round 21's (7.0 > 6.0, 10 rounds on) does. Stage 2 dropped 1 -> 0.5, under a quarter of stage 1's 9:
+    # stage 3 keeps the (uncapped) period 4, run as 3.
+    stage1 = [None, *[11.0 - i for i in range(1, 11)]]
+    stage2 = [6.0, 0.9, 0.8, 0.7, 0.6, 6.5, 0.5, 0.5, 0.5, 0.5]
+    rounds = drive(STLSGDStationary(lr=1.0, T1=100, k1=2, k_max=3), [*stage1, *stage2, 7.0, 0.4])
+    assert rounds == [(1, 2, 1.0)] * 11 + [(2, 3, 0.5)] * 10 + [(3, 3, 0.25)] * 2
+    # Algorithm 2's fixed stages take the cap too: k_1 2^(s-1) = 2, 4, 8 -> 2, 3, 3.
+    assert [STLSGD(lr=1.0, T1=10, k1=2, k_max=3).stage(s)[2] for s in (1, 2, 3)] == [2, 3, 3]
+
+
 def test_stationary_stages_that_keep_falling_are_algorithm_2s() -> None:
     # Never a rise, each stage's drop at least a quarter of the last one's: stage lengths T_s and periods k_1 2^(s-1)
     # as the fixed-length plan gives them.

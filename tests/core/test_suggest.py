@@ -15,11 +15,21 @@ from stlsgd.algorithms.registry import PlanContext
 from stlsgd.algorithms.schedules import LRCoupledConfig
 from stlsgd.algorithms.stl_sgd import STLSCConfig, STLSGDStationary
 from stlsgd.cli import main
+from stlsgd.costmodel import Network, parse_network
 from stlsgd.data import load_dataset, make_partition
 from stlsgd.experiments.build import build
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
-from stlsgd.experiments.suggest import IID_K1_STAGES, MIN_K1, R_NONIID, Estimates, estimate, method_config, propose
+from stlsgd.experiments.suggest import (
+    IID_K1_STAGES,
+    MIN_K1,
+    R_NONIID,
+    Estimates,
+    estimate,
+    method_config,
+    propose,
+    round_in_steps,
+)
 from stlsgd.problems.logistic import LogisticRegression
 
 
@@ -95,6 +105,20 @@ def test_non_iid_proposal_switches_drift_correction_on_and_ends_stages_when_stat
     assert (tiny["T1"], tiny["k"], tiny["rounds_per_stage"]) == (13, 6.0, 3)
 
 
+def test_a_network_caps_the_non_iid_period_at_twice_a_rounds_cost_in_steps() -> None:
+    # A round: 10 us + 2 x 8 x 10 bytes (x and the control variate) at 3.2 MB/s = 60 us; a client-step 1 us: q = 60,
+    # k_max = 2 q = 120 < the 195 of the rule without a network; stage 1 then has ceil(12,500 / 120) = 105 rounds.
+    net = Network(1e-5, 3.2e6, 1e-6, "custom", "test")
+    assert round_in_steps(_estimates(), net) == pytest.approx(60.0)
+    p = propose(_estimates(zeta2=0.75), net)
+    assert (p["k"], p["k_max"], p["rounds_per_stage"]) == (120.0, 120, 105)
+    assert propose(_estimates(zeta2=0.75))["k_max"] is None
+    # A cap above the rule's k_1 leaves k_1 as it was (a step of 0.1 us: q = 600)
+    assert propose(_estimates(zeta2=0.75), Network(1e-5, 3.2e6, 1e-7, "custom", "test"))["k"] == 195.0
+    # Alike clients: the network changes nothing (a longer period removes rounds without adding steps)
+    assert propose(_estimates(mu=1e-4), net) == propose(_estimates(mu=1e-4))
+
+
 def test_the_iid_threshold_and_the_zero_noise_fallback() -> None:
     assert propose(_estimates(zeta2=1e-3))["drift"] is False  # zeta^2 / sigma^2 = 1e-3: counted as alike
     assert propose(_estimates(zeta2=1.001e-3))["drift"] is True
@@ -121,6 +145,25 @@ def test_auto_runs_with_the_proposal_and_says_so(tmp_path: Path) -> None:
     # config.yaml leaves to auto what auto decided (null), and it validates again as the same run
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["algorithm"]
     assert (saved["auto"], saved["drift"], saved["iid"], saved["stage_end"]) == (True, None, None, None)
+
+
+def test_auto_with_a_network_runs_the_capped_plan(tmp_path: Path) -> None:
+    network = "latency=10us,bandwidth=1Gbit,step=1us"
+    exp = Experiment.model_validate(
+        {
+            "data": {"dataset": "digits49", "num_clients": 4, "partition": "noniid"},
+            "algorithm": {"method": "stl_sc", "auto": True, "network": network},
+            "run": {"max_rounds": 3, "target_gap": "none"},
+        }
+    )
+    summary = run_experiment(exp, tmp_path / "run", progress=False)
+    ds = load_dataset("digits49")
+    e = estimate(LogisticRegression(ds.X, ds.y), make_partition(ds.y, 4, "noniid", seed=0))
+    p = propose(e, parse_network(network))
+    assert p["k_max"] < propose(e)["k"]  # the cap binds from the first stage
+    assert (summary["plan"]["k1"], summary["plan"]["k_max"]) == (p["k"], p["k_max"])
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["algorithm"]
+    assert (saved["network"], saved["k_max"]) == (network, None)  # as given; auto's cap is in summary.json
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -153,6 +196,13 @@ def test_suggest_prints_the_estimates_and_the_proposal(tmp_path: Path, capsys: p
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\ndrift = false\n', "algorithm.auto: sets drift itself"),
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\ndrift = true\n', "algorithm.auto: sets drift itself"),
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\nstage_end = "length"\n', "algorithm.auto: sets stage_end"),
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\nk_max = 64\n', "algorithm.auto: sets k_max itself"),
+        ('[algorithm]\nmethod = "stl_sc"\nnetwork = "lan,step=1us"\n', "algorithm.network: only with auto = true"),
+        (
+            '[algorithm]\nmethod = "stl_sc"\nauto = true\nnetwork = "lan"\n',
+            "algorithm.network: auto needs the time of a client-step too",
+        ),
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\nnetwork = "moon"\n', "algorithm.network: unknown preset"),
     ],
 )
 def test_suggest_on_bad_input_is_one_line(
@@ -162,6 +212,16 @@ def test_suggest_on_bad_input_is_one_line(
     assert main(["suggest", str(config), "--data-dir", str(shared_data)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+def test_suggest_for_a_network(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _write(tmp_path, "c.toml", '[data]\ndataset = "digits49"\nnum_clients = 4\npartition = "noniid"\n')
+    assert main(["suggest", str(config), "--network", "latency=10us,bandwidth=1Gbit,step=1us"]) == 0
+    out = capsys.readouterr().out
+    assert "every period at most k_max = " in out and "a round costs q = " in out
+    assert main(["suggest", str(config), "--network", "lan"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--network: lan: suggest needs the time of a client-step too" in err, err
 
 
 def test_zero_gradient_variance_is_a_stated_fallback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -197,8 +197,10 @@ def with_plan(exp: Experiment, built: Built) -> Built:
     the data first (:mod:`stlsgd.experiments.suggest`), and ``built.algorithm`` records what ran."""
     alg: MethodConfig = exp.algorithm  # the registry's union: every member is a MethodConfig
     if getattr(alg, "auto", False):
+        from stlsgd.costmodel import parse_network
         from stlsgd.experiments.suggest import estimates_for, method_config, propose
 
-        alg = method_config(alg, propose(estimates_for(built)))
+        network = getattr(alg, "network", None)
+        alg = method_config(alg, propose(estimates_for(built), parse_network(network) if network else None))
     plan = alg.plan(plan_context(exp, built.dataset.n, built.problem.lam))
     return dataclasses.replace(built, plan=plan, rule=round_rule(alg), algorithm=alg)

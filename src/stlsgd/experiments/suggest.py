@@ -24,6 +24,10 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   :class:`~stlsgd.algorithms.stl_sgd.STLSGDStationary`: the objective is higher than five or more rounds before,
   at most T_s), and k_1 = T_1 / R, R = R_NONIID sqrt(1 + 4 zeta^2 / sigma^2) (Theorem 2's Non-IID factor), but at
   least MIN_K1 steps (at most T_1 / 2). With the stage ended online, R no longer has to be the rounds a stage.
+  With a network given (``algorithm.network``, ``stlsgd suggest --network``), every period is capped at
+  k_max = NETWORK_CAP q, q = (latency + the bytes a client sends a round / bandwidth) / step the cost of one round
+  in client-steps: longer rounds would cut communication, already at most a third of a round's time, and add drift
+  steps; in IID data the network changes nothing (a longer period removes rounds without adding steps there).
 
 ``auto`` sets lr, k, T1, iid, drift and stage_end itself: any of them given beside it is refused (STLSCConfig).
 
@@ -43,6 +47,7 @@ import scipy.sparse as sp
 
 from stlsgd.algorithms.registry import REGISTRY, MethodConfig
 from stlsgd.algorithms.schedules import DEFAULT_K_MAX
+from stlsgd.costmodel import Network
 from stlsgd.data import Partition
 from stlsgd.errors import ConfigError, StlsgdError
 from stlsgd.problems.logistic import LogisticRegression, _expit
@@ -61,6 +66,11 @@ MIN_K1 = 64
 IID_K1_STAGES = 256
 # Below this share of the gradient noise, the clients count as sampling alike (zeta^2 / sigma^2).
 IID_SHARE = 1e-3
+# With a network, no round longer than NETWORK_CAP times the client-steps one round's communication costs. Measured
+# on a9a Non-IID, datacenter (0.5 ms a round, 446 ns a step: q = 1,121), seeds 0-2, predicted time to the target:
+# uncapped 314, 600, 730 ms; capped at 2q 278, 312, 358 ms; at about 1q 373, 352, 326 ms; MNIST (639 ns, 2q = 1,597)
+# 997, 922, 1,225 -> 875, 912, 1,043 ms (docs/results/schedules.md).
+NETWORK_CAP = 2
 
 
 @dataclass(frozen=True)
@@ -121,7 +131,13 @@ def theorem2(e: Estimates) -> dict[str, float]:
     return {"lr": eta, "T1": 6.0 / (e.mu * eta), "k1_iid": k_iid, "k1_noniid": k_non}
 
 
-def propose(e: Estimates) -> dict[str, Any]:
+def round_in_steps(e: Estimates, network: Network) -> float:
+    """q: what one round's communication costs, in client-steps (a client sends x and its control variate)."""
+    assert network.step_s is not None  # the config refuses a network without a step's time
+    return (network.latency_s + 2 * 8 * e.d / network.bandwidth_Bps) / network.step_s
+
+
+def propose(e: Estimates, network: Network | None = None) -> dict[str, Any]:
     """The settings ``algorithm.auto`` runs with (see the module docstring), and why."""
     if e.sigma2 <= 0:
         # Every sample has the same gradient at x_0: nothing to average away; no clients differ either.
@@ -144,11 +160,15 @@ def propose(e: Estimates) -> dict[str, Any]:
             "fallback": fallback,
         }
     k = max(T1 // math.ceil(R_NONIID * math.sqrt(1 + 4 * share)), min(MIN_K1, T1 // 2), 1)
+    k_max = None if network is None else max(math.ceil(NETWORK_CAP * round_in_steps(e, network) - 1e-9), 1)
+    if k_max is not None:
+        k = min(k, k_max)
     return {
         "method": "stl_sc",
         "lr": lr,
         "T1": T1,
         "k": float(k),
+        "k_max": k_max,
         "drift": True,
         "iid": True,
         # Clients that differ: a stage ends when the run is stationary (at most T_s), not after a fixed R rounds.
@@ -168,7 +188,7 @@ def method_config(auto: MethodConfig, proposal: dict[str, Any]) -> MethodConfig:
     return REGISTRY[proposal["method"]].model_validate({**kept, **fields})
 
 
-def report(e: Estimates, proposal: dict[str, Any]) -> str:
+def report(e: Estimates, proposal: dict[str, Any], network: Network | None = None) -> str:
     t2 = theorem2(e)
     if proposal["method"] == "stl_sc":
         rule = (
@@ -176,12 +196,19 @@ def report(e: Estimates, proposal: dict[str, Any]) -> str:
             f"{proposal['k']:g} (at most {proposal['rounds_per_stage']} rounds a stage), drift = true, a stage ends "
             "when the objective stops falling (at most T_s), k x2 while each stage's drop holds"
         )
+        if proposal["k_max"] is not None:
+            rule += (
+                f", every period at most k_max = {proposal['k_max']} ({NETWORK_CAP} x the client-steps a round's "
+                "communication costs on the network given)"
+            )
     else:
         rule = (
             f"LR-coupled STL, lr = {proposal['lr']:.6g} (N/(2L)), lr_decay = {proposal['lr_decay']:.6g} (mu lr: "
             f"eta_t = lr / (1 + mu lr t)), k = {proposal['k']:.0f} ({IID_K1_STAGES} T1, at most {DEFAULT_K_MAX}; "
             f"T1 = 1/(mu lr) = {proposal['T1']}), k_t = k eta_1 / eta_t, drift = false"
         )
+        if network is not None:
+            rule += "; the network given changes nothing here (alike clients: a longer period adds no steps)"
     lines = [
         f"n = {e.n}, d = {e.d}, N = {e.num_clients} clients",
         f"L = {e.L:.6g} (power iteration on the Hessian at x_0), L_max = {e.L_max:.6g} (row norms), "
@@ -192,6 +219,12 @@ def report(e: Estimates, proposal: dict[str, Any]) -> str:
         f"{t2['k1_iid']:.3g} (IID) / {t2['k1_noniid']:.3g} (Non-IID): under 1, an average every step",
         f"proposal (algorithm.auto = true): {rule}",
     ]
+    if network is not None:
+        lines.append(
+            f"network: {network.name}, a round {network.latency_s * 1e3:.4g} ms + {2 * 8 * e.d} B at "
+            f"{network.bandwidth_Bps * 8 / 1e9:.4g} Gbit/s, a client-step {(network.step_s or 0) * 1e9:.4g} ns: "
+            f"a round costs q = {round_in_steps(e, network):.4g} client-steps"
+        )
     if proposal["fallback"]:
         lines.append(f"fallback: {proposal['fallback']}")
     return "\n".join(lines)
@@ -207,4 +240,4 @@ def estimates_for(built: Any) -> Estimates:
     return estimate(built.problem, built.partition)
 
 
-__all__ = ["Estimates", "asdict", "estimate", "estimates_for", "propose", "report", "theorem2"]
+__all__ = ["Estimates", "asdict", "estimate", "estimates_for", "propose", "report", "round_in_steps", "theorem2"]
