@@ -29,7 +29,7 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   in client-steps: longer rounds would cut communication, already at most a third of a round's time, and add drift
   steps; in IID data the network changes nothing (a longer period removes rounds without adding steps there).
 
-``auto`` sets lr, k, T1, iid, drift and stage_end itself: any of them given beside it is refused (STLSCConfig).
+``auto`` sets lr, k, T1, iid, drift, stage_end and k_max itself: any of them given beside it is refused (STLSCConfig).
 
 Measured against each column's grid (docs/results/schedules.md, *Tuning-free default*): the fixed-length rule this
 replaces (R = 64 sqrt(1 + 4 zeta^2/sigma^2) rounds a stage) spent 775 rounds on a9a Non-IID and 655 on MNIST
