@@ -117,7 +117,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_suggest(args: argparse.Namespace) -> int:
-    from stlsgd.costmodel import parse_network
+    from stlsgd.costmodel import parse_network, require_step
     from stlsgd.experiments.build import build
     from stlsgd.experiments.config import load_config
     from stlsgd.experiments.suggest import estimates_for, propose, report
@@ -125,11 +125,8 @@ def _cmd_suggest(args: argparse.Namespace) -> int:
     exp = load_config(args.config, args.set, sweep_base=True)
     given = args.network or getattr(exp.algorithm, "network", None)
     network = parse_network(given, "--network" if args.network else "algorithm.network") if given else None
-    if network is not None and network.step_s is None:
-        raise StlsgdError(
-            f"--network: {given}: suggest needs the time of a client-step too: add step=... (e.g. "
-            "datacenter,step=446ns) or give a profile from stlsgd calibrate"
-        )
+    if network is not None:
+        require_step(network, f"--network: {given}", "suggest")
     if getattr(exp.algorithm, "auto", False):  # the estimates come from the data, whatever the method's fields
         exp = exp.model_copy(update={"algorithm": exp.algorithm.model_copy(update={"auto": False, "network": None})})
     estimates = estimates_for(build(exp, args.data_dir))

@@ -325,6 +325,16 @@ class Breakdown:
     total_s: float
 
 
+def require_step(network: Network, arg: str, who: str) -> float:
+    """The network's client-step time, which ``who`` (auto, suggest) needs to weigh a round against steps."""
+    if network.step_s is None:
+        raise StlsgdError(
+            f"{arg}: {who} needs the time of a client-step too: add step=... (e.g. datacenter,step=446ns) "
+            "or give a profile from stlsgd calibrate"
+        )
+    return network.step_s
+
+
 def _step(network: Network, client_steps: float, arg: str) -> float:
     if client_steps == 0:  # no computation: the step cost cannot matter
         return 0.0

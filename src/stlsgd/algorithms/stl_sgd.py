@@ -243,17 +243,12 @@ class STLSCConfig(_Stagewise):
         if self.network is not None:
             if not self.auto:
                 raise ValueError("network: only with auto = true (it tells auto what a round and a step cost)")
-            from stlsgd.costmodel import parse_network  # the cost model's parser and its one-line errors
+            from stlsgd.costmodel import parse_network, require_step  # the cost model's one-line errors
 
             try:
-                step = parse_network(self.network, "network").step_s
+                require_step(parse_network(self.network, "network"), "network", "auto")
             except StlsgdError as exc:
                 raise ValueError(str(exc)) from None
-            if step is None:
-                raise ValueError(
-                    "network: auto needs the time of a client-step too: add step=... (e.g. datacenter,step=446ns) "
-                    "or give a profile from stlsgd calibrate"
-                )
         return self
 
     def plan(self, ctx: PlanContext) -> Plan:

@@ -160,8 +160,9 @@ def propose(e: Estimates, network: Network | None = None) -> dict[str, Any]:
             "fallback": fallback,
         }
     k = max(T1 // math.ceil(R_NONIID * math.sqrt(1 + 4 * share)), min(MIN_K1, T1 // 2), 1)
-    k_max = None if network is None else max(math.ceil(NETWORK_CAP * round_in_steps(e, network) - 1e-9), 1)
-    if k_max is not None:
+    k_max = None
+    if network is not None:
+        k_max = max(math.ceil(NETWORK_CAP * round_in_steps(e, network) - 1e-9), 1)
         k = min(k, k_max)
     return {
         "method": "stl_sc",
