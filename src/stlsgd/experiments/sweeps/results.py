@@ -196,13 +196,18 @@ def describe(record: dict[str, Any]) -> str:
     return f"{record['label']} {where}{seed}: {what}{wall}"
 
 
-def _closest(tried: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The run nearest the target (lowest final gap, else loss), kept for the figures of an unreached row."""
+def closest_record(tried: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run nearest the target: lowest final gap, else loss (None when no run has either)."""
 
     def score(r: dict[str, Any]) -> float | None:
         return r["final_gap"] if r["final_gap"] is not None else r["final_objective"]
 
-    closest = min((r for r in tried if score(r) is not None), key=lambda r: float(score(r) or 0.0), default=None)
+    return min((r for r in tried if score(r) is not None), key=lambda r: float(score(r) or 0.0), default=None)
+
+
+def _closest(tried: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What best.json keeps of an unreached row's closest run (the figures draw it)."""
+    closest = closest_record(tried)
     if closest is None:
         return None
     return {k: closest[k] for k in ("settings", "status", "rounds", "final_gap", "final_objective", "run_dir")}
@@ -283,6 +288,7 @@ def summarize_best(sweep: Sweep, records: list[dict[str, Any]]) -> dict[str, Any
         "target_gap": run_cfg["target_gap"],
         "target_accuracy": run_cfg["target_accuracy"],
         "seeds": sweep.seeds,
+        "search": sweep.search,
         "labels": sweep.labels,
         "methods": methods,
     }

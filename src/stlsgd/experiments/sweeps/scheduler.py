@@ -1,11 +1,12 @@
 """The main side of a sweep: runs in a process pool, de-duplication of identical configs, pruning bounds,
 the results file, the choice of each row's best setting and its seed reruns.
 
-``stlsgd sweep`` runs every setting in worker processes that each load the data once, appends each run's
-record to ``OUT/results.jsonl`` as soon as it ends (fsync'd: a crash loses nothing, and a rerun skips every
-run already there, keyed by a hash of the resolved config), keeps each run's files under ``OUT/runs/<key>/``,
-picks per label the setting with the fewest rounds to target, reruns it with the extra seeds and writes
-``OUT/best.json``. One sweep at a time writes into an ``OUT`` (a lock names the holder's pid).
+``stlsgd sweep`` runs every setting (or, with ``search = "descent"``, the walk of :mod:`.search`) in worker
+processes that each load the data once, appends each run's record to ``OUT/results.jsonl`` as soon as it ends
+(fsync'd: a crash loses nothing, and a rerun skips every run already there, keyed by a hash of the resolved
+config), keeps each run's files under ``OUT/runs/<key>/``, picks per label the setting with the fewest rounds to
+target, reruns it with the extra seeds and writes ``OUT/best.json``. One sweep at a time writes into an ``OUT``
+(a lock names the holder's pid).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import multiprocessing as mp
 import os
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -34,6 +36,7 @@ from stlsgd.experiments.sweeps.results import (
     read_results,
     write_best,
 )
+from stlsgd.experiments.sweeps.search import Descent
 from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, load_sweep, with_seed
 from stlsgd.experiments.sweeps.worker import NO_BOUND, execute, init_worker
 from stlsgd.files import LockedError, lock_directory
@@ -117,21 +120,12 @@ class Scheduler:
         if not self.quiet:
             log.info("[%d] %s", self.done_count, describe(record))
 
-    def run(self, specs: list[RunSpec]) -> None:
-        groups: dict[str, list[RunSpec]] = {}
-        for spec in specs:
-            if self._done(spec):
-                continue
-            prior = next(
-                (r for r in self.records if r["key"] == spec.key and r["status"] not in ("failed", "pruned")), None
-            )
-            if prior is not None:  # the same config already ran under another label: reuse its result
-                self._keep({**make_record(spec, None, None), **{k: prior.get(k) for k in RESULT_FIELDS}})
-                continue
-            groups.setdefault(spec.key, []).append(spec)
+    def run(self, specs: list[RunSpec], more: Callable[[set[str]], list[RunSpec]] | None = None) -> None:
+        """Run ``specs``; with ``more``, also what ``more(busy)`` asks for whenever a row ends its runs (``busy``:
+        the labels with runs still going), until it asks for nothing."""
         pending: dict[Future, tuple[list[RunSpec], int]] = {}  # future -> its runs and the pool's generation
-        for group in groups.values():
-            pending[self._submit(group)] = (group, self.pool.generation)
+        self._start(specs, pending)
+        self._feed(more, pending)
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
@@ -157,6 +151,33 @@ class Scheduler:
                         summary, error = None, "its worker process died twice (killed, or out of memory?)"
                 for spec in group:
                     self._keep(make_record(spec, summary, error))
+            self._feed(more, pending)
+
+    def _start(self, specs: list[RunSpec], pending: dict[Future, tuple[list[RunSpec], int]]) -> None:
+        """Submit the specs not already recorded, one run per distinct config."""
+        groups: dict[str, list[RunSpec]] = {}
+        for spec in specs:
+            if self._done(spec):
+                continue
+            prior = next(
+                (r for r in self.records if r["key"] == spec.key and r["status"] not in ("failed", "pruned")), None
+            )
+            if prior is not None:  # the same config already ran under another label: reuse its result
+                self._keep({**make_record(spec, None, None), **{k: prior.get(k) for k in RESULT_FIELDS}})
+                continue
+            groups.setdefault(spec.key, []).append(spec)
+        for group in groups.values():
+            pending[self._submit(group)] = (group, self.pool.generation)
+
+    def _feed(
+        self, more: Callable[[set[str]], list[RunSpec]] | None, pending: dict[Future, tuple[list[RunSpec], int]]
+    ) -> None:
+        # A row whose next runs are all recorded already (a resumed sweep) asks again at once.
+        while more is not None:
+            specs = more({s.label for group, _ in pending.values() for s in group})
+            if not specs:
+                return
+            self._start(specs, pending)
 
     def _submit(self, group: list[RunSpec]) -> Future:
         # Seed reruns are the reported figures: never cut short. A config shared by several labels is
@@ -234,7 +255,10 @@ def _run(sweep: Sweep, out: Path, jobs: int, data_dir: str | None, quiet: bool, 
     started = time.perf_counter()
     scheduler = Scheduler(sweep, out, jobs, data_dir, quiet, pool)
     try:
-        scheduler.run(sweep.grid)
+        if sweep.search == "descent":
+            scheduler.run([], more=Descent(sweep, scheduler.current).next_runs)
+        else:
+            scheduler.run(sweep.grid)
         reruns: list[RunSpec] = []
         order = len(sweep.grid)
         for label in sweep.labels:

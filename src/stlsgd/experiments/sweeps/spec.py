@@ -16,6 +16,9 @@ a grid and optional fixed fields::
 
 Bare keys name ``algorithm`` fields, dotted keys any field (``run.eval_every``). Values are tried in the
 order listed, so list the likely-good ones first: an early good run lets pruning cut the rest short.
+
+``search = "descent"`` runs a walk through each row's grid instead of all of it (:mod:`.search`): from the
+lists' first values to the best setting whose every neighbour (the next value up and down one list) has run.
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ class SweepSpec(StrictModel):
     title: str | None = Field(default=None, min_length=1, max_length=80, pattern=r"^[^\n]*$")
     seeds: list[Annotated[int, Field(ge=0, lt=2**63)]] = Field(default_factory=lambda: [0])
     prune: bool = True
+    # "grid": every setting of each row's grid; "descent": a walk to a setting better than its neighbours.
+    search: Literal["grid", "descent"] = "grid"
     base: dict[str, Any] = Field(default_factory=dict)
     methods: list[MethodGrid] = Field(min_length=1)
 
@@ -119,6 +124,8 @@ class Sweep:
     title: str | None = None
     #: label -> the lists its grid takes each setting from (where a chosen setting sits: :func:`grid_edges`)
     grids: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    #: "grid" runs every setting; "descent" walks each row's grid (:mod:`.search`)
+    search: Literal["grid", "descent"] = "grid"
 
 
 def grid_edges(settings: dict[str, Any], grid: dict[str, list[Any]]) -> list[str]:
@@ -229,4 +236,4 @@ def load_sweep(path: str | Path, *, only: list[str] | None = None, limit: int | 
     grid = list(_interleave(per_label))
     for order, run_spec in enumerate(grid):
         run_spec.order = order
-    return Sweep(spec.name, path, spec.seeds, spec.prune, labels, grid, base, spec.title, grids)
+    return Sweep(spec.name, path, spec.seeds, spec.prune, labels, grid, base, spec.title, grids, spec.search)
