@@ -130,8 +130,8 @@ def local_client_steps(config: Path, sweep_dir: Path) -> tuple[int, int]:
 def local_client_steps_by_rule(config: Path, sweep_dir: Path) -> dict[bool, tuple[int, int]]:
     """Whether drift correction ran -> (client-steps the runs of local methods took in ``sweep_dir``, summed over
     clients; those they need at the least), for the rules some run used, in one pass over the runs: each grid run
-    stopped at the first evaluation at or after the round after the best finished round count among its rows (the
-    sweep prunes at evaluations only), or at its own end if earlier or if a row it belongs to has no finished run;
+    stopped at the first evaluation at or after the best finished round count among its rows (a run still going
+    there is pruned), or at its own end if earlier or if a row it belongs to has no finished run;
     seed reruns count whole. Read from each run's metrics.jsonl, so adaptive schedules count what they did. Runs of earlier versions of the file are left out, as the sweep
     leaves them out of its choice."""
     sweep = load_sweep(config)
@@ -149,7 +149,7 @@ def local_client_steps_by_rule(config: Path, sweep_dir: Path) -> dict[bool, tupl
         bounds = [best[label] and best[label]["rounds_to_target"] for label in labels[key]]
         stop = r["rounds"]
         if r["phase"] == "grid" and None not in bounds:
-            stop = min(stop, max(bounds) + 1)
+            stop = min(stop, max(bounds))
         lines = [json.loads(line) for line in (sweep_dir / r["run_dir"] / "metrics.jsonl").read_text().splitlines()]
         exp = validate(read_raw(sweep_dir / r["run_dir"] / "config.yaml"), r["run_dir"])
         ran = json.loads((sweep_dir / r["run_dir"] / "summary.json").read_text()).get("rule") or {}

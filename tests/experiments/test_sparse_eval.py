@@ -72,13 +72,14 @@ def test_stored_settings_same_outcome_dense_and_sparse(
 ) -> None:
     stored = _stored(column, label, settings, seed)
     config = _config(column, label, settings, seed)
-    # A pruned run stopped at the first round past its row's bound: the same bound prunes it there again.
-    bound = stored["rounds"] - 1 if stored["status"] == "pruned" else 2**62
+    # A stored pruned run stopped at round R: a bound of R prunes it there again (a run still going at its
+    # bound's round is pruned).
+    bound = stored["rounds"] if stored["status"] == "pruned" else 2**62
     sparse = run_task({"config": config, "slots": [0]}, tmp_path / "sparse", str(shared_data), lambda _: bound)
     exp = Experiment.model_validate(config)
 
     def on_round(st: Any, rnd: Any) -> str | None:
-        return "pruned" if st.round > bound else None
+        return "pruned" if st.round >= bound else None
 
     built = _built_for(exp, str(shared_data))  # the worker's own cache: data, partition and problem built once
     dense = run_experiment(exp, tmp_path / "dense", built=built, progress=False, on_round=on_round)

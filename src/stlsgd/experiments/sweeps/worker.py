@@ -1,8 +1,8 @@
 """The worker side of a sweep: one process runs many settings; data, partition, problem and f* are built once.
 
 Each run goes through :func:`stlsgd.experiments.runner.run_experiment` into its own directory like any
-other run. Pruning: a run whose round count passes the best rounds-to-target already finished for its row
-can no longer win; it is stopped and recorded as ``pruned``. Where the bounds come from is the pool's
+other run. Pruning: a run that has used as many rounds as the best rounds-to-target already finished for its
+row, and goes on, can no longer win; it is stopped and recorded as ``pruned``. Where the bounds come from is the pool's
 business: a shared-memory array that the main process lowers as results arrive (the local process pool,
 :func:`init_worker`), or a snapshot sent with the task and refreshed from the cluster (Dask,
 :mod:`.cluster`).
@@ -98,8 +98,9 @@ def run_task(task: dict[str, Any], out: Path, data_dir: str | None, bound: Bound
     slots: list[int] = task["slots"]
 
     def on_round(st: Any, rnd: Any) -> str | None:
-        # Only a strictly larger round count is hopeless: at the bound itself the run could still tie.
-        if slots and st.round > bound(slots):
+        # Called after the round's due evaluation and stopping test: a run still going at the bound's round did
+        # not reach the target by then (a skipped evaluation is proved above it), so it can no longer even tie.
+        if slots and st.round >= bound(slots):
             return "pruned"
         return None
 
