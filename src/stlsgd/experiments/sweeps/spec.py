@@ -18,7 +18,7 @@ Bare keys name ``algorithm`` fields, dotted keys any field (``run.eval_every``).
 order listed, so list the likely-good ones first: an early good run lets pruning cut the rest short.
 
 ``search = "descent"`` runs a walk through each row's grid instead of all of it (:mod:`.search`): from the
-lists' first values to the best setting whose every neighbour (the next value up and down one list) has run.
+lists' first values to a setting as good as each of its neighbours (every list one step up, down or kept).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class SweepSpec(StrictModel):
     title: str | None = Field(default=None, min_length=1, max_length=80, pattern=r"^[^\n]*$")
     seeds: list[Annotated[int, Field(ge=0, lt=2**63)]] = Field(default_factory=lambda: [0])
     prune: bool = True
-    # "grid": every setting of each row's grid; "descent": a walk to a setting better than its neighbours.
+    # "grid": every setting of each row's grid; "descent": a walk to a setting as good as its neighbours.
     search: Literal["grid", "descent"] = "grid"
     base: dict[str, Any] = Field(default_factory=dict)
     methods: list[MethodGrid] = Field(min_length=1)
