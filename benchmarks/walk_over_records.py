@@ -14,7 +14,8 @@ import argparse
 from pathlib import Path
 
 from stlsgd.experiments.sweeps import best_of, current_records, load_sweep, read_results
-from stlsgd.experiments.sweeps.search import Descent, settings_key
+from stlsgd.experiments.sweeps.search import Descent
+from stlsgd.experiments.sweeps.spec import settings_key
 
 
 def main() -> None:

@@ -131,10 +131,15 @@ def theorem2(e: Estimates) -> dict[str, float]:
     return {"lr": eta, "T1": 6.0 / (e.mu * eta), "k1_iid": k_iid, "k1_noniid": k_non}
 
 
+def _round_bytes(e: Estimates) -> int:
+    """What a client sends a round with drift correction: x and its control variate, float64."""
+    return 2 * 8 * e.d
+
+
 def round_in_steps(e: Estimates, network: Network) -> float:
-    """q: what one round's communication costs, in client-steps (a client sends x and its control variate)."""
+    """q: what one round's communication costs, in client-steps."""
     assert network.step_s is not None  # the config refuses a network without a step's time
-    return (network.latency_s + 2 * 8 * e.d / network.bandwidth_Bps) / network.step_s
+    return (network.latency_s + _round_bytes(e) / network.bandwidth_Bps) / network.step_s
 
 
 def propose(e: Estimates, network: Network | None = None) -> dict[str, Any]:
@@ -222,7 +227,7 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
     ]
     if network is not None:
         lines.append(
-            f"network: {network.name}, a round {network.latency_s * 1e3:.4g} ms + {2 * 8 * e.d} B at "
+            f"network: {network.name}, a round {network.latency_s * 1e3:.4g} ms + {_round_bytes(e)} B at "
             f"{network.bandwidth_Bps * 8 / 1e9:.4g} Gbit/s, a client-step {(network.step_s or 0) * 1e9:.4g} ns: "
             f"a round costs q = {round_in_steps(e, network):.4g} client-steps"
         )

@@ -3,7 +3,6 @@ and ``best.json``."""
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 from pathlib import Path
@@ -13,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationErro
 
 from stlsgd.errors import StlsgdError
 from stlsgd.experiments.records import RECORD_STATUSES, Number, RunSummary, SweepRecord, record_problem
-from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, grid_edges, with_seed
+from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, grid_edges, settings_key, with_seed
 from stlsgd.files import append_jsonl, read_jsonl_numbered, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -161,13 +160,13 @@ def current_records(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[st
     nor bound the pruning of its new one.
     """
     grid = {(s.label, s.key) for s in sweep.grid}
-    by_setting = {(s.label, json.dumps(s.settings, sort_keys=True)): s for s in sweep.grid}
+    by_setting = {(s.label, settings_key(s.settings)): s for s in sweep.grid}
     kept = []
     for r in records:
         if r["phase"] == "grid":
             current = (r["label"], r["key"]) in grid
         else:
-            spec = by_setting.get((r["label"], json.dumps(r["settings"], sort_keys=True)))
+            spec = by_setting.get((r["label"], settings_key(r["settings"])))
             current = spec is not None and r["key"] == with_seed(spec, r["seed"], 0).key
         if current:
             kept.append(r)

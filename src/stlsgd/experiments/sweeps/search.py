@@ -21,20 +21,10 @@ the same path on a local pool or a Dask cluster, and a killed sweep resumes alon
 from __future__ import annotations
 
 import itertools
-import json
 from typing import Any
 
 from stlsgd.experiments.sweeps.results import best_of, closest_record
-from stlsgd.experiments.sweeps.spec import RunSpec, Sweep
-
-
-def settings_key(settings: dict[str, Any]) -> str:
-    """A setting's identity within its row (its values, whatever their order)."""
-    return json.dumps(settings, sort_keys=True)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+from stlsgd.experiments.sweeps.spec import RunSpec, Sweep, is_number, settings_key
 
 
 def neighbours(settings: dict[str, Any], grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -43,7 +33,7 @@ def neighbours(settings: dict[str, Any], grid: dict[str, list[Any]]) -> list[dic
     steps: list[list[Any]] = []
     for name, values in grid.items():
         here = settings[name]
-        if all(_is_number(v) for v in values):
+        if all(is_number(v) for v in values):
             ordered = sorted(set(values))
             i = ordered.index(here)
             steps.append(ordered[max(i - 1, 0) : i + 2])

@@ -128,13 +128,23 @@ class Sweep:
     search: Literal["grid", "descent"] = "grid"
 
 
+def settings_key(settings: dict[str, Any]) -> str:
+    """A setting's identity within its row (its values, whatever their order)."""
+    return json.dumps(settings, sort_keys=True)
+
+
+def is_number(v: Any) -> bool:
+    """A grid value with an order (a bool is not one)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def grid_edges(settings: dict[str, Any], grid: dict[str, list[Any]]) -> list[str]:
     """The settings of ``settings`` at the smallest or largest value of a numeric list of two or more in ``grid``:
     a comparison is as fair as its grids reach, and a choice at an edge says the list should go further."""
     edges = []
     for key, value in settings.items():
         values = grid.get(key, [])
-        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        numbers = [v for v in values if is_number(v)]
         if len(set(numbers)) >= 2 and len(numbers) == len(values) and value in (min(numbers), max(numbers)):
             edges.append(key)
     return edges
