@@ -1,7 +1,8 @@
 """GPU readiness check in one call: versions, vmap'd clients vs a per-client loop, one STL-SGD stage of Table 3
-(ResNet18, IID) with the column's extrapolated wall time, and torch.distributed (nccl) against the simulator.
+(ResNet18, IID) with the column's extrapolated wall time, torch.distributed (nccl) against the simulator, and two
+identical network runs compared bit for bit.
 
-    bash benchmarks/gpu_check.sh --out gpu_out [--data-dir D] [--dry-run] [--steps 1,2,3]
+    bash benchmarks/gpu_check.sh --out gpu_out [--data-dir D] [--dry-run] [--steps 1,2,3,4]
 
 Steps (each recorded in ``OUT/gpu_check.json``, which is rewritten after every step; a failing step is
 recorded with its error and the others still run; the exit status is 1 when any step failed):
@@ -30,6 +31,10 @@ recorded with its error and the others still run; the exit status is 1 when any 
    the two ``summary.json`` (status, rounds, iterations, stages, rounds/iterations to target, bytes, final
    objective) and the ``final_params.npz`` arrays, which must be equal bit for bit (the average has one
    summation order on both sides). a9a from the data dir, else the bundled ``digits49``.
+4. ``repeatable``: ``python -m stlsgd run`` of one network config twice (Local SGD; ResNet18 on the GPU, the
+   small CNN in the dry run; synthetic CIFAR-shaped images): the same status, rounds, every evaluation's
+   objective and ``final_params.npz``, bit for bit. On an H200 two such ResNet18 runs ended at objectives 0.758
+   and 1.120 before the simulator asked cuDNN for its deterministic algorithms (``problems/neural.py``).
 
 Without CUDA, or with ``--dry-run``, the same steps run at tiny sizes on the CPU (gloo with 2 ranks instead of
 nccl; the column counted over each row's first grid setting) in well under a minute, so CI keeps the script
@@ -102,6 +107,17 @@ class BenchSize:
     samples: int
 
 
+def repeat_config(model: str, *, clients: int, batch: int, k: int, iterations: int) -> dict[str, Any]:
+    """Step 4's run: Local SGD on a network, on the device the mode tests, evaluated every other round."""
+    return {
+        "name": "gpu_check_repeatable",
+        "data": {"dataset": "cifar10", "num_clients": clients, "partition": "shared"},
+        "problem": {"kind": "net", "model": model, "device": "auto"},
+        "algorithm": {"method": "local_sgd", "lr": 0.08, "batch": batch, "k": k},
+        "run": {"seed": 0, "max_iterations": iterations, "eval_every": 2},
+    }
+
+
 @dataclass(frozen=True)
 class Sizes:
     bench: dict[ModelName, BenchSize]
@@ -111,6 +127,9 @@ class Sizes:
     dist_iterations: int
     dist_timeout: float
     deadline: float
+    # Step 4's run (an experiment config; data: that many synthetic CIFAR-shaped images).
+    repeat: dict[str, Any] = field(default_factory=dict)
+    repeat_images: int = 0
     synthetic_images: int | None = None  # None: as many as the config's dataset has
     column_settings: int | None = None  # grid settings per row counted in the column (None: all)
 
@@ -127,6 +146,8 @@ SIZES = {
         dist_iterations=200_000,
         dist_timeout=180,
         deadline=450,
+        repeat=repeat_config("resnet18", clients=8, batch=16, k=5, iterations=60),
+        repeat_images=512,
     ),
     # Tiny: the figures are not the point, the code paths are. The stage: 2 clients x 2 images, period 1,
     # 8 images, an evaluation every iteration, CPU; the column: each row's first grid setting.
@@ -149,6 +170,8 @@ SIZES = {
         dist_iterations=12_000,
         dist_timeout=120,
         deadline=300,
+        repeat=repeat_config("cnn", clients=2, batch=4, k=2, iterations=6),
+        repeat_images=32,
         synthetic_images=200,
         column_settings=1,
     ),
@@ -1065,6 +1088,55 @@ def step_dist_vs_sim(check: Check) -> dict[str, Any]:
     return {"passed": not failed, "error": ("differs: " + ", ".join(failed)) if failed else None, **r}
 
 
+# ----------------------------------------------------------------------------------------------- step 4
+
+
+def step_repeatable(check: Check) -> dict[str, Any]:
+    """The simulator's network run twice from the same config: the same summary, every evaluation's objective and
+    ``final_params.npz`` bit for bit (runs, resumes and the torchrun executor rest on it). On a GPU: ResNet18,
+    whose convolutions' backward cuDNN may otherwise sum in no fixed order; data: synthetic CIFAR-shaped images."""
+    import numpy as np
+
+    from stlsgd.experiments.rundir import FINAL_PARAMS_FILE
+
+    work = fresh_dir(check.work / "repeatable")
+    write_synthetic_cifar(work / "data", check.sizes.repeat_images)
+    config = work / "config.yaml"
+    config.write_text(json.dumps(check.sizes.repeat, indent=1))  # YAML reads JSON
+    r: dict[str, Any] = {"config": check.sizes.repeat, "images": check.sizes.repeat_images, "runs": {}}
+    for name in ("first", "second"):
+        args = ["run", config, "--data-dir", work / "data", "--quiet", "--out", work / name]
+        timeout = check.deadline.timeout(check.sizes.stage_timeout)
+        res = check.launch(stlsgd_cmd(*args), timeout=timeout, env=check.env(), log=work / f"{name}.log")
+        say(f"  $ {res.cmd}\n    -> rc {res.rc}, {res.wall_s:.1f} s")
+        r["runs"][name] = {"command": res.cmd, "rc": res.rc, "wall_s": res.wall_s}
+        if res.rc != 0:
+            return {"passed": False, "error": res.error(f"{name} run"), **r}
+    (m1, s1), (m2, s2) = read_run(work / "first"), read_run(work / "second")
+    if s1 is None or s2 is None:
+        return {"passed": False, "error": "a run wrote no summary.json", **r}
+    with np.load(work / "first" / FINAL_PARAMS_FILE) as a, np.load(work / "second" / FINAL_PARAMS_FILE) as b:
+        differ = sorted(k for k in a.files if k not in b.files or not np.array_equal(a[k], b[k]))
+        differ += sorted(set(b.files) - set(a.files))
+        r["max_abs_diff"] = max(
+            (float(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)).max()) for k in a.files if k in b.files),
+            default=math.inf,
+        )
+        r |= {"arrays": len(a.files), "arrays_differing": differ}
+    r["same_summary"] = {k: s1.get(k) == s2.get(k) for k in ("status", "rounds", "iterations")}
+    r["same_objectives"] = [m["objective"] for m in m1] == [m["objective"] for m in m2]
+    r["objectives"] = [(s1.get("final") or {}).get("objective"), (s2.get("final") or {}).get("objective")]
+    failed = [k for k, ok in r["same_summary"].items() if not ok]
+    failed += [] if r["same_objectives"] else ["evaluations"]
+    failed += [f"{len(differ)} parameter arrays"] if differ else []
+    say(
+        f"  {check.sizes.repeat['problem']['model']}: {s1['status']} after {s1['rounds']} rounds, objectives "
+        f"{r['objectives'][0]!r} and {r['objectives'][1]!r}; final_params max abs diff {r['max_abs_diff']:.1e}: "
+        + ("bit-identical" if not failed else "DIFFERENT: " + ", ".join(failed))
+    )
+    return {"passed": not failed, "error": ("differs: " + ", ".join(failed)) if failed else None, **r}
+
+
 # ----------------------------------------------------------------------------------------------- main
 
 
@@ -1073,6 +1145,7 @@ STEPS: dict[int, tuple[str, Callable[[Check], dict[str, Any]]]] = {
     1: ("vmap_vs_loop", step_vmap_vs_loop),
     2: ("stage_run", step_stage_run),
     3: ("dist_vs_sim", step_dist_vs_sim),
+    4: ("repeatable", step_repeatable),
 }
 
 
@@ -1101,7 +1174,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--dry-run", action="store_true", help="tiny CPU run of the same steps (the default without CUDA)")
     ap.add_argument(
-        "--steps", type=step_list, default=[1, 2, 3], help="steps to run after the versions (step 0), e.g. 1,3"
+        "--steps", type=step_list, default=[1, 2, 3, 4], help="steps to run after the versions (step 0), e.g. 1,3"
     )
     ap.add_argument("--work-dir", help="run directories and logs (default OUT/work)")
     ap.add_argument("--sweep", default=str(DEFAULT_SWEEP), help="Table 3 sweep file of step 2")

@@ -91,9 +91,9 @@ def test_dry_run_passes_every_step_with_real_figures(
     assert report["versions"]["torch"] == torch.__version__ and report["versions"]["python"]
     assert report["device"]["cpu_count"] == os.cpu_count()
     steps = report["steps"]
-    assert list(steps) == ["versions", "vmap_vs_loop", "stage_run", "dist_vs_sim"]
+    assert list(steps) == ["versions", "vmap_vs_loop", "stage_run", "dist_vs_sim", "repeatable"]
     assert all(s["passed"] and s["error"] is None for s in steps.values()), {k: s["error"] for k, s in steps.items()}
-    assert [s["step"] for s in steps.values()] == [0, 1, 2, 3]
+    assert [s["step"] for s in steps.values()] == [0, 1, 2, 3, 4]
 
     # Step 1: both models timed both ways, the same update from one step.
     models = steps["vmap_vs_loop"]["models"]
@@ -129,6 +129,41 @@ def test_dry_run_passes_every_step_with_real_figures(
     assert dv["dist_backend"] == {"executor": "dist", "comm": "gloo", "world_size": 2}
     assert "torch.distributed.run --nproc_per_node=2" in dv["dist_command"]
     assert dv["params_max_rel_diff"] == 0.0 and dv["final_objective"]["rel_diff"] == 0.0
+
+    # Step 4: the network run twice, bit for bit.
+    rp = steps["repeatable"]
+    assert rp["config"]["problem"]["model"] == "cnn" and set(rp["runs"]) == {"first", "second"}
+    assert rp["arrays"] > 0 and rp["arrays_differing"] == [] and rp["max_abs_diff"] == 0.0
+    assert rp["same_objectives"] and all(rp["same_summary"].values())
+    assert rp["objectives"][0] == rp["objectives"][1] is not None
+
+
+def test_runs_that_differ_fail_the_repeatability_step(
+    gpu_check: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What a GPU with nondeterministic kernels does, made by hand: the second run's last parameters moved a bit.
+    import numpy as np
+
+    launch = in_process(gpu_check)
+
+    def perturbing(cmd: list[Any], **kw: Any) -> Any:
+        res = launch(cmd, **kw)
+        out = Path(str(cmd[cmd.index("--out") + 1]))
+        if out.name == "second":
+            with np.load(out / "final_params.npz") as f:
+                arrays = {k: f[k] for k in f.files}
+            last = sorted(k for k, v in arrays.items() if v.dtype.kind == "f")[-1]
+            arrays[last] = np.nextafter(arrays[last], np.inf)
+            np.savez(out / "final_params.npz", **arrays)
+        return res
+
+    rc = gpu_check.main(["--dry-run", "--out", str(tmp_path / "out"), "--steps", "4"], perturbing)
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    rp = report["steps"]["repeatable"]
+    assert rc == 1 and report["failed_steps"] == ["repeatable"]
+    assert rp["error"] == "differs: 1 parameter arrays" and len(rp["arrays_differing"]) == 1
+    assert 0.0 < rp["max_abs_diff"] < 1e-6 and rp["same_objectives"]
+    assert "DIFFERENT: 1 parameter arrays" in capsys.readouterr().out
 
 
 def test_a_failing_step_is_recorded_and_the_next_still_runs(
