@@ -24,11 +24,16 @@ class Sampler:
         self._identity = partition.mode == "shared" and np.array_equal(partition.rows, np.arange(len(partition.rows)))
 
     def draw(self, steps: int, batch: int) -> np.ndarray:
+        # row = rows[start_c + floor(u * size_c)], u uniform in [0, 1). In place, and ``take`` for the lookup: the
+        # same numbers as (u * sizes).astype(int64) and fancy indexing, in about 60 % of the time (a draw is a
+        # fifth of a client-step's cost on a9a).
         u = self.rng.random((steps, self.partition.num_clients, batch))
-        local = (u * self._sizes).astype(np.int64)
+        u *= self._sizes
+        local = u.astype(np.int64)
         if self._identity:
             return local
-        return self.partition.rows[self._starts + local]
+        local += self._starts
+        return self.partition.rows.take(local)
 
     def get_state(self) -> dict[str, Any]:
         return dict(self.rng.bit_generator.state)
