@@ -108,6 +108,21 @@ def test_sampler_is_uniform_over_each_clients_rows(digits):
         assert counts.std() / counts.mean() < 0.2
 
 
+@pytest.mark.parametrize("mode", ["shared", "split", "noniid"])
+def test_sampler_draws_rows_start_plus_floor_u_times_size(digits, mode):
+    # The stream every stored result rests on: client c's j-th sample at step t is
+    # rows[starts[c] + floor(u * sizes[c])], u the generator's next uniform number in (t, c, j) order.
+    ds, _ = digits
+    partition = make_partition(ds.y, 5, mode, seed=2)
+    sampler = Sampler(partition, 7)
+    u = np.random.Generator(np.random.PCG64(np.random.SeedSequence([7, 0x5751]))).random((2 * 9, 5, 3))
+    drawn = np.concatenate([sampler.draw(9, 3), sampler.draw(9, 3)])
+    for t, c, j in np.ndindex(*u.shape):
+        local = int(u[t, c, j] * int(partition.sizes[c]))
+        assert drawn[t, c, j] == partition.rows[int(partition.starts[c]) + local]
+    assert drawn.dtype == np.int64
+
+
 def test_long_rounds_are_stepped_in_slices_with_the_same_samples(digits, monkeypatch):
     import stlsgd.executors.simulator as simulator
 
