@@ -334,7 +334,7 @@ def _local_round(loop: _Loop, rnd: Round, lrs: np.ndarray, state: RunState, prox
             [start[k] for k in params],
             [state.clients[k] for k in params],
             [drift[k] for k in params],
-            float(np.sum(lrs)),
+            float(np.add.reduce(lrs)),
         )
         mean = copy_state(state.control)
         loop.topology.average(mean)  # the control variates travel with the model
