@@ -979,8 +979,9 @@ def launch_pair(check: Check, work: Path, run_args: list[Any], nproc: int, comm:
     return runs
 
 
-def compare_runs(sim: Path, dist: Path) -> dict[str, Any]:
-    """Two run directories of one config compared: summaries, every evaluation's objective, final_params."""
+def compare_runs(sim: Path, dist: Path, sides: tuple[str, str] = ("sim", "dist")) -> dict[str, Any]:
+    """Two run directories of one config compared: summaries, every evaluation's objective, final_params; each
+    side's figures under its name in ``sides``."""
     import numpy as np
 
     from stlsgd.experiments.rundir import FINAL_PARAMS_FILE
@@ -994,9 +995,10 @@ def compare_runs(sim: Path, dist: Path) -> dict[str, Any]:
         same_keys = sorted(sp.files) == sorted(dp.files)
         per_array = {k: max_rel_diff(dp[k], sp[k]) for k in sp.files if k in dp.files}
     obj_rel = abs(obj_d - obj_s) / max(abs(obj_s), 1e-300) if obj_s is not None and obj_d is not None else None
+    x, y = sides
     return {
-        "compared": {k: {"sim": s.get(k), "dist": d.get(k), "equal": s.get(k) == d.get(k)} for k in SUMMARY_KEYS},
-        "final_objective": {"sim": obj_s, "dist": obj_d, "rel_diff": obj_rel},
+        "compared": {k: {x: s.get(k), y: d.get(k), "equal": s.get(k) == d.get(k)} for k in SUMMARY_KEYS},
+        "final_objective": {x: obj_s, y: obj_d, "rel_diff": obj_rel},
         "same_evaluation_rounds": [m["round"] for m in sm] == [m["round"] for m in dm],
         "first_evaluation_rel_diff": per_round[0] if per_round else None,
         "objective_rel_diff_per_evaluation": per_round,
@@ -1005,9 +1007,8 @@ def compare_runs(sim: Path, dist: Path) -> dict[str, Any]:
         "params_max_rel_diff": max(per_array.values(), default=math.inf),
         "params_rel_diff_per_array": per_array,
         "rtol": PARAM_RTOL,
-        "dist_backend": d.get("backend") or {},
-        "sim_summary": s,
-        "dist_summary": d,
+        f"{x}_summary": s,
+        f"{y}_summary": d,
     }
 
 
@@ -1019,27 +1020,23 @@ def _fmt(x: float | None, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def comparison_checks(c: dict[str, Any], comm: str, nproc: int) -> dict[str, bool]:
-    """What must hold: the same summary, evaluations and parameters, bit for bit, on the backend asked for."""
-    backend = c["dist_backend"]
+def comparison_checks(c: dict[str, Any]) -> dict[str, bool]:
+    """What must hold for two runs of one config: the same summary, evaluations and parameters, bit for bit."""
     return {f"{k} equal": v["equal"] for k, v in c["compared"].items()} | {
         "same evaluation rounds": c["same_evaluation_rounds"],
         "same param arrays": c["params_same_keys"],
-        "first evaluation within rtol": _within_rtol(c["first_evaluation_rel_diff"]),
+        "every evaluation within rtol": c["first_round_beyond_rtol"] is None,
         "final objective within rtol": _within_rtol(c["final_objective"]["rel_diff"]),
         "params within rtol": _within_rtol(c["params_max_rel_diff"]),
-        "executor dist": backend.get("executor") == "dist",
-        f"comm {comm}": backend.get("comm") == comm,
-        f"world size {nproc}": backend.get("world_size") == nproc,
     }
 
 
-def print_comparison(c: dict[str, Any], failed: list[str]) -> None:
-    for side in ("sim", "dist"):
+def print_comparison(c: dict[str, Any], failed: list[str], sides: tuple[str, str] = ("sim", "dist")) -> None:
+    for side in sides:
         s = c[f"{side}_summary"]
         backend = f", backend {c['dist_backend']}" if side == "dist" else ""
         say(
-            f"    {side:<4}: {s['status']} after {s['rounds']} rounds ({s['iterations']} iterations), objective "
+            f"    {side:<6}: {s['status']} after {s['rounds']} rounds ({s['iterations']} iterations), objective "
             f"{c['final_objective'][side]}{backend}"
         )
     beyond = c["first_round_beyond_rtol"]
@@ -1082,7 +1079,12 @@ def step_dist_vs_sim(check: Check) -> dict[str, Any]:
     if errors:
         return {"passed": False, "error": "; ".join(errors), **r}
     r |= compare_runs(work / name / "sim", work / name / "dist")
-    r["checks"] = comparison_checks(r, comm, nproc)
+    backend = r["dist_backend"] = r["dist_summary"].get("backend") or {}
+    r["checks"] = comparison_checks(r) | {
+        "executor dist": backend.get("executor") == "dist",
+        f"comm {comm}": backend.get("comm") == comm,
+        f"world size {nproc}": backend.get("world_size") == nproc,
+    }
     failed = [k for k, ok in r["checks"].items() if not ok]
     print_comparison(r, failed)
     return {"passed": not failed, "error": ("differs: " + ", ".join(failed)) if failed else None, **r}
@@ -1095,10 +1097,6 @@ def step_repeatable(check: Check) -> dict[str, Any]:
     """The simulator's network run twice from the same config: the same summary, every evaluation's objective and
     ``final_params.npz`` bit for bit (runs, resumes and the torchrun executor rest on it). On a GPU: ResNet18,
     whose convolutions' backward cuDNN may otherwise sum in no fixed order; data: synthetic CIFAR-shaped images."""
-    import numpy as np
-
-    from stlsgd.experiments.rundir import FINAL_PARAMS_FILE
-
     work = fresh_dir(check.work / "repeatable")
     write_synthetic_cifar(work / "data", check.sizes.repeat_images)
     config = work / "config.yaml"
@@ -1112,28 +1110,10 @@ def step_repeatable(check: Check) -> dict[str, Any]:
         r["runs"][name] = {"command": res.cmd, "rc": res.rc, "wall_s": res.wall_s}
         if res.rc != 0:
             return {"passed": False, "error": res.error(f"{name} run"), **r}
-    (m1, s1), (m2, s2) = read_run(work / "first"), read_run(work / "second")
-    if s1 is None or s2 is None:
-        return {"passed": False, "error": "a run wrote no summary.json", **r}
-    with np.load(work / "first" / FINAL_PARAMS_FILE) as a, np.load(work / "second" / FINAL_PARAMS_FILE) as b:
-        differ = sorted(k for k in a.files if k not in b.files or not np.array_equal(a[k], b[k]))
-        differ += sorted(set(b.files) - set(a.files))
-        r["max_abs_diff"] = max(
-            (float(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)).max()) for k in a.files if k in b.files),
-            default=math.inf,
-        )
-        r |= {"arrays": len(a.files), "arrays_differing": differ}
-    r["same_summary"] = {k: s1.get(k) == s2.get(k) for k in ("status", "rounds", "iterations")}
-    r["same_objectives"] = [m["objective"] for m in m1] == [m["objective"] for m in m2]
-    r["objectives"] = [(s1.get("final") or {}).get("objective"), (s2.get("final") or {}).get("objective")]
-    failed = [k for k, ok in r["same_summary"].items() if not ok]
-    failed += [] if r["same_objectives"] else ["evaluations"]
-    failed += [f"{len(differ)} parameter arrays"] if differ else []
-    say(
-        f"  {check.sizes.repeat['problem']['model']}: {s1['status']} after {s1['rounds']} rounds, objectives "
-        f"{r['objectives'][0]!r} and {r['objectives'][1]!r}; final_params max abs diff {r['max_abs_diff']:.1e}: "
-        + ("bit-identical" if not failed else "DIFFERENT: " + ", ".join(failed))
-    )
+    r |= compare_runs(work / "first", work / "second", sides=("first", "second"))
+    r["checks"] = comparison_checks(r)
+    failed = [k for k, ok in r["checks"].items() if not ok]
+    print_comparison(r, failed, sides=("first", "second"))
     return {"passed": not failed, "error": ("differs: " + ", ".join(failed)) if failed else None, **r}
 
 
