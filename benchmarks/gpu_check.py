@@ -128,8 +128,8 @@ class Sizes:
     dist_timeout: float
     deadline: float
     # Step 4's run (an experiment config; data: that many synthetic CIFAR-shaped images).
-    repeat: dict[str, Any] = field(default_factory=dict)
-    repeat_images: int = 0
+    repeat: dict[str, Any]
+    repeat_images: int
     synthetic_images: int | None = None  # None: as many as the config's dataset has
     column_settings: int | None = None  # grid settings per row counted in the column (None: all)
 

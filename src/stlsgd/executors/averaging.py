@@ -28,17 +28,23 @@ if TYPE_CHECKING:
 Array = Union[np.ndarray, "torch.Tensor"]  # noqa: UP007 - a runtime alias
 
 
+def rows_mean(rows: np.ndarray) -> np.ndarray:
+    """The canonical mean over the leading (client) axis, keeping it: the rows added one after another in client
+    order, then divided by N. For float64, ``np.add.reduce`` and the division ``.mean`` makes, without ``.mean``'s
+    Python-level wrapper (a round of short periods pays it twice with drift correction); the same bits."""
+    rows = np.ascontiguousarray(rows)
+    if rows.dtype != np.float64:
+        return rows.mean(axis=0, keepdims=True)
+    total = np.add.reduce(rows, axis=0, keepdims=True)
+    total /= rows.shape[0]
+    return total
+
+
 def mean_over_clients(state: State) -> None:
     """In place: every client's entry becomes the mean over the client axis (integer buffers keep client 0's)."""
     for value in state.values():
-        if isinstance(value, np.ndarray) and value.dtype == np.float64 and value.flags.c_contiguous:
-            # What .mean(axis=0) computes for float64 (add.reduce, then a true division by N), without its
-            # Python-level wrapper: a round of short periods pays this twice with drift correction.
-            total = np.add.reduce(value, axis=0, keepdims=True)
-            total /= value.shape[0]
-            value[...] = total
-        elif isinstance(value, np.ndarray):
-            value[...] = np.ascontiguousarray(value).mean(axis=0, keepdims=True)
+        if isinstance(value, np.ndarray):
+            value[...] = rows_mean(value)
         elif value.is_floating_point():
             value.copy_(value.mean(dim=0, keepdim=True).expand_as(value))
         else:
@@ -55,8 +61,7 @@ def gather_mean(state: State, num_clients: int, group: dist.ProcessGroup | None 
     """
     for value in state.values():
         if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating):
-            every = gather_rows(value, num_clients, group).cpu().numpy()
-            value[...] = np.ascontiguousarray(every).mean(axis=0, keepdims=True)
+            value[...] = rows_mean(gather_rows(value, num_clients, group).cpu().numpy())
 
 
 def client_slice(num_clients: int, world_size: int, rank: int) -> slice:
