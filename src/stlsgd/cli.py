@@ -129,8 +129,8 @@ def _cmd_suggest(args: argparse.Namespace) -> int:
         require_step(network, f"--network: {given}", "suggest")
     if getattr(exp.algorithm, "auto", False):  # the estimates come from the data, whatever the method's fields
         exp = exp.model_copy(update={"algorithm": exp.algorithm.model_copy(update={"auto": False, "network": None})})
-    estimates = estimates_for(build(exp, args.data_dir))
-    print(report(estimates, propose(estimates, network), network))
+    estimates = estimates_for(build(exp, args.data_dir), exp.run.target_gap)
+    print(report(estimates, propose(estimates, network, exp.algorithm.batch), network))
     return 0
 
 

@@ -125,6 +125,8 @@ def test_newton_optimum_is_stationary_and_cached(tmp_path, shared_data):
     assert len(cached) == 1
     fresh = LogisticRegression(ds.X, ds.y)
     assert fresh.optimum(cache_dir=tmp_path) == fstar  # read back from the cache, bit for bit
+    assert np.array_equal(fresh.minimizer(cache_dir=tmp_path), w)  # x* with it
+    assert np.array_equal(LogisticRegression(ds.X, ds.y).minimizer(), w)  # without a cache: Newton's
     # No point on a random line through x* is lower.
     d = np.random.default_rng(1).standard_normal(w.shape)
     assert all(problem.loss(w + t * d) > fstar for t in (1e-3, -1e-3))

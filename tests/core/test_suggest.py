@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
+from stlsgd.algorithms.baselines import LocalSGDConfig
 from stlsgd.algorithms.registry import PlanContext
 from stlsgd.algorithms.schedules import LRCoupledConfig
 from stlsgd.algorithms.stl_sgd import STLSCConfig, STLSGDStationary
@@ -23,10 +24,14 @@ from stlsgd.experiments.runner import run_experiment
 from stlsgd.experiments.suggest import (
     IID_K1_STAGES,
     MIN_K1,
+    ONE_ROUND_MARGIN,
     R_NONIID,
+    AtOptimum,
     Estimates,
     estimate,
     method_config,
+    model_gap,
+    one_round,
     propose,
     round_in_steps,
 )
@@ -83,6 +88,69 @@ def test_iid_proposal_is_lr_coupled_stl_on_a_one_over_mu_t_decay_without_drift_c
     assert (first.steps, second.steps) == (320_000, 2**20)
     # mu = 1e-5: T_1 = 12,500 and 256 T_1 = 3,200,000 is past that cap, so the proposal says the 2^20 that runs
     assert propose(_estimates())["k"] == 2**20
+
+
+# A model at x* worked by hand: one direction of curvature 1/2 holding 0.1 of f(x_0) - f*, sigma*^2 = 0.8, N = 4
+# clients; with L = 2 a single client's step is 1/(2L) = 0.25.
+_MODEL = AtOptimum(target_gap=3e-3, sigma2=0.8, curvatures=(0.5,), weights=(0.1,))
+
+
+def test_the_one_round_model_gap_by_hand() -> None:
+    e = _estimates(num_clients=4, mu=1e-2, optimum=_MODEL)
+    # c = 2, 8 steps at lr 0.25: D = 1 + 0.25 x 8 / 2 = 2; bias 0.1 x 2^(-2 x 2 x 0.5) = 0.025; noise at the last lr
+    # 0.25 / 2 over 4 clients: 0.125 x 0.8 / 16 = 0.00625
+    assert model_gap(e, 0.25, 2.0, 8) == pytest.approx(0.025 + 0.00625, rel=1e-15)
+    assert model_gap(e, 0.25, 2.0, 8, batch=5) == pytest.approx(0.025 + 0.00625 / 5, rel=1e-15)
+
+
+def test_one_round_takes_the_fewest_steps_over_the_decay_constants() -> None:
+    e = _estimates(num_clients=4, mu=1e-2, optimum=_MODEL)
+    goal = _MODEL.target_gap / ONE_ROUND_MARGIN  # 1e-3
+    # c = 1/mu = 100 halved while c h >= 1: 100, ..., 3.125. With c >= 6.25 the bias is gone by D = 12.5 and
+    # the noise 0.0125 / D needs D >= 12.5: K = 11.5 c / 0.25 = 46 c (288 steps at c = 6.25); at c = 3.125 the bias
+    # 0.1 D^(-3.125) needs D of about 12.97, about 150 steps: the fewest.
+    c, steps = one_round(e, 0.25)
+    assert c == 3.125 and 140 < steps < 160
+    assert model_gap(e, 0.25, c, steps) <= goal < model_gap(e, 0.25, c, steps - 1)
+    assert model_gap(e, 0.25, 6.25, 288) <= goal < model_gap(e, 0.25, 6.25, 287)
+    # A direction whose bias no allowed decay removes (curvature 1e-12 holding 1.0): no round reaches the goal.
+    flat = AtOptimum(target_gap=3e-3, sigma2=0.8, curvatures=(1e-12, 0.5), weights=(1.0, 0.1))
+    assert one_round(_estimates(num_clients=4, mu=1e-2, optimum=flat), 0.25) is None
+
+
+def test_with_a_target_alike_clients_get_one_round_of_local_sgd_sized_by_the_model() -> None:
+    e = _estimates(num_clients=4, mu=1e-2, optimum=_MODEL)
+    c, steps = one_round(e, 0.25)
+    p = propose(e)
+    assert (p["method"], p["lr"], p["lr_decay"], p["k"], p["drift"]) == ("local_sgd", 0.25, 0.25 / c, steps, False)
+    assert p["model_gap"] == model_gap(e, 0.25, c, steps) and p["fallback"] is None
+    alg = method_config(STLSCConfig(auto=True, batch=2), p)
+    assert isinstance(alg, LocalSGDConfig) and (alg.lr, alg.lr_decay, alg.k, alg.batch) == (0.25, 0.25 / c, steps, 2)
+    # a larger batch averages its noise: fewer steps (the batch auto runs with is passed in)
+    assert propose(e, batch=4)["k"] < steps
+    # clients that differ keep the Non-IID rule; a target no round reaches falls back to LR-coupled STL, and says so
+    assert propose(_estimates(num_clients=4, mu=1e-2, zeta2=0.75, optimum=_MODEL))["method"] == "stl_sc"
+    flat = AtOptimum(target_gap=3e-3, sigma2=0.8, curvatures=(1e-12, 0.5), weights=(1.0, 0.1))
+    fallback = propose(_estimates(num_clients=4, mu=1e-2, optimum=flat))
+    assert fallback["method"] == "lr_coupled" and "no round up to" in fallback["fallback"]
+
+
+def test_auto_on_alike_clients_reaches_the_target_in_its_one_round(tmp_path: Path) -> None:
+    # digits 4/9, 4 clients sampling the whole set, the 1e-4 gap: the round the model sizes reaches it (seeds 0-2
+    # measured: gaps 3.8e-5, 2.1e-5, 7.0e-5 after 24,836 steps)
+    exp = Experiment.model_validate(
+        {"data": {"dataset": "digits49", "num_clients": 4}, "algorithm": {"method": "stl_sc", "auto": True}}
+    )
+    summary = run_experiment(exp, tmp_path / "run", progress=False)
+    ds = load_dataset("digits49")
+    problem = LogisticRegression(ds.X, ds.y)
+    p = propose(estimate(problem, make_partition(ds.y, 4, "shared", seed=0), target_gap=1e-4))
+    assert (summary["plan"]["name"], summary["plan"]["k"], summary["plan"]["lr_decay"]) == (
+        "local_sgd",
+        p["k"],
+        p["lr_decay"],
+    )
+    assert (summary["status"], summary["rounds_to_target"]) == ("reached", 1)
 
 
 def test_non_iid_proposal_switches_drift_correction_on_and_ends_stages_when_stationary() -> None:
@@ -177,7 +245,12 @@ def test_suggest_prints_the_estimates_and_the_proposal(tmp_path: Path, capsys: p
     assert main(["suggest", str(config)]) == 0
     out = capsys.readouterr().out
     assert "L = " in out and "sigma^2 = " in out and "Theorem 2: eta_1 <= 1/(6L)" in out
-    assert "proposal (algorithm.auto = true): LR-coupled STL, lr = " in out and "drift = false" in out
+    # the default target (1e-4) and clients that sample alike: one planned round of Local SGD
+    assert "at x*: sigma*^2 = " in out and "proposal (algorithm.auto = true): Local SGD, one round planned" in out
+    assert "drift = false" in out
+    assert main(["suggest", str(config), "--set", "run.target_gap=none"]) == 0
+    out = capsys.readouterr().out  # no target: no model at x*, and the rule that needs none
+    assert "at x*" not in out and "proposal (algorithm.auto = true): LR-coupled STL, lr = " in out
 
 
 @pytest.mark.parametrize(

@@ -210,7 +210,8 @@ class STLSCConfig(_Stagewise):
     auto: bool = Field(
         False,
         description="the method and its settings from the data's estimated constants (stlsgd suggest): this with "
-        "drift and stationary stages (Non-IID), LR-coupled STL (IID); no grid",
+        "drift and stationary stages (Non-IID); one round of Local SGD sized for the target gap, else LR-coupled "
+        "STL (IID); no grid",
     )
     network: str | None = Field(
         None,

@@ -201,6 +201,7 @@ def with_plan(exp: Experiment, built: Built) -> Built:
         from stlsgd.experiments.suggest import estimates_for, method_config, propose
 
         network = getattr(alg, "network", None)
-        alg = method_config(alg, propose(estimates_for(built), parse_network(network) if network else None))
+        estimates = estimates_for(built, exp.run.target_gap)
+        alg = method_config(alg, propose(estimates, parse_network(network) if network else None, alg.batch))
     plan = alg.plan(plan_context(exp, built.dataset.n, built.problem.lam))
     return dataclasses.replace(built, plan=plan, rule=round_rule(alg), algorithm=alg)

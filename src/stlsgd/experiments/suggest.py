@@ -16,7 +16,14 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
 - eta_1 = N / (2L): the largest step 1/(2L) of one client, scaled by the N clients whose steps are averaged (the
   linear scaling the paper's eta_1 = N/10 follows);
 - T_1 = 1 / (mu eta_1): the paper's experimental rule eta_1 T_1 = 1/lambda (Theorem 2's form, with 1 for 6);
-- when the clients sample alike (zeta^2 / sigma^2 <= IID_SHARE): LR-coupled STL (the paper's eta k = constant on
+- when the clients sample alike (zeta^2 / sigma^2 <= IID_SHARE) and the run has a target gap (so f* and x* are
+  computed for it anyway): one round of Local SGD, no drift correction, sized by the quadratic model at x*
+  (:func:`model_gap`, :func:`one_round`): each client runs alone until the round's end, at a single client's step
+  eta_1 = 1/(2L) on eta_t = eta_1 / (1 + eta_1 t / c), and c and the round's K steps are the pair with the fewest
+  steps for which the model's gap, the bias left in each Hessian direction plus the N clients' averaged noise
+  eta_K sigma*^2 / (4N), is a third of the target. Every client samples the whole objective, so a round buys only
+  the average of N runs: the fewest rounds are one long enough for the target;
+- when the clients sample alike and there is no target: LR-coupled STL (the paper's eta k = constant on
   eta_t = eta_1 / (1 + mu eta_1 t), the 1/(mu t) decay of strongly convex SGD, where Algorithm 2 halves eta once a
   stage), k_1 = IID_K1_STAGES T_1 (at most the plans' cap, 2^20), no drift correction: each round is
   1 + IID_K1_STAGES times all the steps before it (up to that cap), and the lr falls smoothly inside it;
@@ -40,16 +47,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
-from stlsgd.algorithms.registry import REGISTRY, MethodConfig
+from stlsgd.algorithms.registry import MAX_STEPS, REGISTRY, MethodConfig
 from stlsgd.algorithms.schedules import DEFAULT_K_MAX
 from stlsgd.costmodel import Network
 from stlsgd.data import Partition
 from stlsgd.errors import ConfigError, StlsgdError
+from stlsgd.files import cache_dir
 from stlsgd.problems.logistic import LogisticRegression, _expit
 
 # The first period under drift correction (Non-IID) is T_1 / R with R = R_NONIID sqrt(1 + 4 zeta^2 / sigma^2)
@@ -59,11 +68,20 @@ from stlsgd.problems.logistic import LogisticRegression, _expit
 # the objective less than its noise, so stages ended early (digits49: 1,530 rounds at k_1 = 2, 20-35 at 60).
 R_NONIID = 32
 MIN_K1 = 64
-# Alike clients: LR-coupled STL's first period, in units of T_1 = 1/(mu eta_1). Every client samples the whole
+# Alike clients without a target gap: LR-coupled STL's first period, in units of T_1 = 1/(mu eta_1). Every client samples the whole
 # objective, so a round buys only the average of N runs: a first round long enough for the 1/(mu t) decay to bring
 # eta down 257-fold leaves one to three rounds. Medians of three seeds (docs/results/schedules.md), 8 -> 32 -> 256 T_1:
-# a9a IID 6 -> 5 -> 3 rounds, MNIST IID 4 -> 3 -> 3, three small sets 2-3 -> 1-2 -> 1; 512 and 1,024 T_1 no fewer.
+# a9a IID 6 -> 5 -> 3 rounds, MNIST IID 4 -> 3 -> 3, three small sets 2-3 -> 1-2 -> 1; 512 and 1,024 T_1 no fewer (on a9a and MNIST
+# both are the plans' 2^20 cap on a period).
 IID_K1_STAGES = 256
+# Alike clients with a target gap: one round of Local SGD sized by the quadratic model at x* (:func:`one_round`) to
+# reach ONE_ROUND_MARGIN times less than the target. On 60 one-round runs on a9a and MNIST (lr 0.05-10, c 1,000 to
+# 1/mu, 100 k to 3.3 M steps), the model's gap was 0.7-1.7x the measured one in 33 of the 35 that ended under 3.5e-4
+# (0.32x where the lr fell 16,000-fold, 0.56x at MNIST's 3.2e-4), and down to 0.09x in rounds that ended far from x*
+# (gaps of 4e-4 to 3e-2: outside the quadratic model's reach, and not where a sized round ends). A round's gap is random
+# (the last iterates of N runs): sized for half the target, 3 of 18 runs on six sets (seeds 0-2) ended their round
+# 1.05-1.17x over it; for a third, 1 of 18 (digits 3/8, 1.38x; docs/results/schedules.md).
+ONE_ROUND_MARGIN = 3.0
 # Below this share of the gradient noise, the clients count as sampling alike (zeta^2 / sigma^2).
 IID_SHARE = 1e-3
 # With a network, no round longer than NETWORK_CAP times the client-steps one round's communication costs. Measured
@@ -71,6 +89,19 @@ IID_SHARE = 1e-3
 # uncapped 314, 600, 730 ms; capped at 2q 278, 312, 358 ms; at about 1q 373, 352, 326 ms; MNIST (639 ns, 2q = 1,597)
 # 997, 922, 1,225 -> 875, 912, 1,043 ms (docs/results/schedules.md).
 NETWORK_CAP = 2
+
+
+@dataclass(frozen=True)
+class AtOptimum:
+    """The quadratic model of Eq. 8 at x* that sizes alike clients' one long round (:func:`one_round`)."""
+
+    target_gap: float
+    #: Single-sample gradient variance at x*, E_i ||grad f_i(x*)||^2.
+    sigma2: float
+    #: Eigenvalues h_i of the Hessian at x*, and w_i = h_i (v_i . x*)^2 / 2: what direction i holds of
+    #: f(x_0) - f* in the model (x_0 = 0).
+    curvatures: tuple[float, ...]
+    weights: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -83,10 +114,35 @@ class Estimates:
     mu: float
     sigma2: float
     zeta2: float
+    #: With a target gap (f* known): the model at x* (None without one).
+    optimum: AtOptimum | None = None
 
 
-def estimate(problem: LogisticRegression, partition: Partition, iterations: int = 200) -> Estimates:
-    """The constants of Theorem 2 for ``problem`` on ``partition`` (see the module docstring)."""
+def at_optimum(problem: LogisticRegression, target_gap: float, cache_dir: Path | None = None) -> AtOptimum:
+    """The model at x* (Newton's, or the one :meth:`LogisticRegression.optimum` cached for the target)."""
+    w = problem.minimizer(cache_dir)
+    X, y = problem.X, problem.y
+    G = sp.diags(-y * _expit(-y * (X @ w))) @ X  # per-sample loss gradients at x*; + lam x* on each
+    g = np.asarray(G.mean(axis=0)).ravel()  # = -lam x*: the full gradient vanishes at x*
+    sigma2 = float(np.asarray(G.multiply(G).sum(axis=1)).mean() - g @ g)
+    h, V = np.linalg.eigh(problem.hessian(w))
+    return AtOptimum(
+        target_gap=target_gap,
+        sigma2=max(sigma2, 0.0),
+        curvatures=tuple(h.tolist()),
+        weights=tuple((0.5 * h * (V.T @ w) ** 2).tolist()),
+    )
+
+
+def estimate(
+    problem: LogisticRegression,
+    partition: Partition,
+    iterations: int = 200,
+    target_gap: float | None = None,
+    cache_dir: Path | None = None,
+) -> Estimates:
+    """The constants of Theorem 2 for ``problem`` on ``partition`` (see the module docstring), and with a target
+    gap the model at x* :func:`one_round` plans from."""
     X, y, lam, n = problem.X, problem.y, problem.lam, problem.num_samples
     v = np.random.default_rng(0).standard_normal(X.shape[1])
     L = 0.0
@@ -113,6 +169,7 @@ def estimate(problem: LogisticRegression, partition: Partition, iterations: int 
         mu=lam,
         sigma2=max(sigma2, 0.0),
         zeta2=max(zeta2, 0.0),
+        optimum=None if target_gap is None else at_optimum(problem, target_gap, cache_dir),
     )
 
 
@@ -142,7 +199,39 @@ def round_in_steps(e: Estimates, network: Network) -> float:
     return (network.latency_s + _round_bytes(e) / network.bandwidth_Bps) / network.step_s
 
 
-def propose(e: Estimates, network: Network | None = None) -> dict[str, Any]:
+def model_gap(e: Estimates, lr: float, c: float, steps: int, batch: int = 1) -> float:
+    """The gap f - f* after one round of ``steps`` steps from x_0 = 0 on eta_t = lr / (1 + lr t / c) (c / t once
+    t >> c / lr), averaged over the N clients, in the quadratic model at x*: the bias sum_i w_i D^(-2 c h_i),
+    D = 1 + lr steps / c = lr / eta_K (prod_t (1 - eta_t h) ~ exp(-h sum_t eta_t) = D^(-c h)), plus the N clients' averaged noise at the last lr,
+    eta_K sigma*^2 / (4 N batch) (SGD's stationary spread on a quadratic, E[f - f*] = eta tr(Sigma) / 4)."""
+    o = e.optimum
+    assert o is not None
+    D = 1.0 + lr * steps / c
+    h, w = np.asarray(o.curvatures), np.asarray(o.weights)
+    return float(np.sum(w * D ** (-2.0 * c * h))) + lr / D * o.sigma2 / (4.0 * e.num_clients * batch)
+
+
+def one_round(e: Estimates, lr: float, batch: int = 1) -> tuple[float, int] | None:
+    """(c, K): the decay constant of eta_t = lr / (1 + lr t / c) and the fewest steps K for which :func:`model_gap`
+    is at most the target / ONE_ROUND_MARGIN, over c = 1/mu (every direction's bias falls at least as fast as
+    1/t^2) halved down to 1/h_max; None when no K up to the plans' limit gets there."""
+    o = e.optimum
+    assert o is not None
+    goal, best = o.target_gap / ONE_ROUND_MARGIN, None
+    c = 1.0 / e.mu
+    while c * max(o.curvatures) >= 1.0:
+        if model_gap(e, lr, c, MAX_STEPS, batch) <= goal:
+            lo, hi = 0, MAX_STEPS  # model_gap falls with the steps: the fewest that reach the goal, by bisection
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if model_gap(e, lr, c, mid, batch) <= goal else (mid, hi)
+            if best is None or hi < best[1]:
+                best = (c, hi)
+        c /= 2.0
+    return best
+
+
+def propose(e: Estimates, network: Network | None = None, batch: int = 1) -> dict[str, Any]:
     """The settings ``algorithm.auto`` runs with (see the module docstring), and why."""
     if e.sigma2 <= 0:
         # Every sample has the same gradient at x_0: nothing to average away; no clients differ either.
@@ -152,6 +241,23 @@ def propose(e: Estimates, network: Network | None = None) -> dict[str, Any]:
     lr = e.num_clients / (2.0 * e.L)
     T1 = max(int(math.ceil(1.0 / (e.mu * lr))), 1)
     drift = share > IID_SHARE
+    if not drift and e.optimum is not None:
+        # Alike clients and a target: one round as long as the model says the target needs. No average happens
+        # before its end, so each client runs at a single client's step, 1/(2L).
+        lr1 = 1.0 / (2.0 * e.L)
+        planned = one_round(e, lr1, batch)
+        if planned is not None:
+            c, steps = planned
+            return {
+                "method": "local_sgd",
+                "lr": lr1,
+                "lr_decay": lr1 / c,
+                "k": float(steps),
+                "drift": False,
+                "model_gap": model_gap(e, lr1, c, steps, batch),
+                "fallback": fallback,
+            }
+        fallback = f"no round up to {MAX_STEPS} steps reaches the target in the model at x*"
     if not drift:
         # Alike clients: STL's eta k = constant on eta_t = eta_1 / (1 + mu eta_1 t), the 1/(mu t) decay of
         # strongly convex SGD, instead of halving eta once a stage (LR-coupled STL).
@@ -188,7 +294,7 @@ def method_config(auto: MethodConfig, proposal: dict[str, Any]) -> MethodConfig:
     """The method ``auto`` (an STL-SGD^sc config with ``auto = true``) runs: the proposal's method and settings,
     with the fields auto does not set (batch, the outer step) as given."""
     kept = auto.model_dump(include={"batch", "outer_lr", "outer_momentum"})
-    fields = {k: v for k, v in proposal.items() if k not in ("T1", "rounds_per_stage", "fallback")}
+    fields = {k: v for k, v in proposal.items() if k not in ("T1", "rounds_per_stage", "fallback", "model_gap")}
     if proposal["method"] == "stl_sc":
         fields["T1"] = proposal["T1"]
     return REGISTRY[proposal["method"]].model_validate({**kept, **fields})
@@ -207,6 +313,17 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
                 f", every period at most k_max = {proposal['k_max']} ({NETWORK_CAP} x the client-steps a round's "
                 "communication costs on the network given)"
             )
+    elif proposal["method"] == "local_sgd":
+        o = e.optimum
+        assert o is not None
+        rule = (
+            f"Local SGD, one round planned to reach the target: lr = {proposal['lr']:.6g} (1/(2L)), lr_decay = "
+            f"{proposal['lr_decay']:.6g} (eta_t = lr / (1 + lr_decay t)), k = {proposal['k']:.0f}: the fewest steps "
+            f"for which the quadratic model at x* gives a gap of {o.target_gap / ONE_ROUND_MARGIN:.3g} (the target "
+            f"/ {ONE_ROUND_MARGIN:g}; this k and lr_decay: {proposal['model_gap']:.3g}), drift = false"
+        )
+        if network is not None:
+            rule += "; the network given changes nothing here (alike clients: a longer period adds no steps)"
     else:
         rule = (
             f"LR-coupled STL, lr = {proposal['lr']:.6g} (N/(2L)), lr_decay = {proposal['lr_decay']:.6g} (mu lr: "
@@ -221,6 +338,14 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
         f"mu = lambda = {e.mu:.6g}",
         f"sigma^2 = {e.sigma2:.6g} (single-sample gradients at x_0), zeta^2 = {e.zeta2:.6g} (clients' gradients "
         f"at x_0; zeta^2 / sigma^2 = {e.zeta2 / e.sigma2 if e.sigma2 else 0:.3g})",
+        *(
+            [
+                f"at x*: sigma*^2 = {e.optimum.sigma2:.6g}, Hessian eigenvalues {min(e.optimum.curvatures):.3g} to "
+                f"{max(e.optimum.curvatures):.3g}, target gap {e.optimum.target_gap:g}"
+            ]
+            if e.optimum is not None
+            else []
+        ),
         f"Theorem 2: eta_1 <= 1/(6L) = {t2['lr']:.4g}, T_1 = 6/(mu eta_1) = {t2['T1']:.4g}, k_1 = "
         f"{t2['k1_iid']:.3g} (IID) / {t2['k1_noniid']:.3g} (Non-IID): under 1, an average every step",
         f"proposal (algorithm.auto = true): {rule}",
@@ -236,14 +361,27 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
     return "\n".join(lines)
 
 
-def estimates_for(built: Any) -> Estimates:
-    """Estimates of a built experiment; a one-line error where the problem is not Eq. 8."""
+def estimates_for(built: Any, target_gap: float | None = None) -> Estimates:
+    """Estimates of a built experiment (with its run's target gap: the model at x*, from the cached optimum the
+    run measures its gap against); a one-line error where the problem is not Eq. 8."""
     if not isinstance(built.problem, LogisticRegression):
         raise ConfigError(
             "problem.kind: suggest estimates the constants of Eq. 8 (logistic regression); for "
             "networks, docs/distributed.md has measured guidance"
         )
-    return estimate(built.problem, built.partition)
+    return estimate(built.problem, built.partition, target_gap=target_gap, cache_dir=cache_dir())
 
 
-__all__ = ["Estimates", "asdict", "estimate", "estimates_for", "propose", "report", "round_in_steps", "theorem2"]
+__all__ = [
+    "AtOptimum",
+    "Estimates",
+    "asdict",
+    "estimate",
+    "estimates_for",
+    "model_gap",
+    "one_round",
+    "propose",
+    "report",
+    "round_in_steps",
+    "theorem2",
+]

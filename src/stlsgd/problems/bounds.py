@@ -46,12 +46,8 @@ class GapFloor:
     """``excludes(w, target)``: proved f(w) - f* > target and f(w) finite, for f* = ``problem.optimum()``."""
 
     def __init__(self, problem: LogisticRegression, cache_dir: Path | None = None) -> None:
-        fstar = problem.optimum(cache_dir)
-        w = None if cache_dir is None else problem.cached_minimizer(cache_dir)
-        if w is None or problem.loss(w) != fstar:
-            w, _ = problem.newton()
-        self.fstar = fstar
-        self.w = np.asarray(w, dtype=np.float64)
+        self.fstar = problem.optimum(cache_dir)
+        self.w = np.asarray(problem.minimizer(cache_dir), dtype=np.float64)
         X = problem.X
         # H = L L^T: Delta^T H Delta = |L^T Delta|^2, never negative whatever the rounding.
         self.factor = np.ascontiguousarray(scipy.linalg.cholesky(problem.hessian(self.w), lower=True).T)
@@ -59,7 +55,7 @@ class GapFloor:
         self.r2 = float(np.sqrt(np.max(squared))) if X.shape[0] else 0.0
         self.r1 = float(np.max(abs(X).sum(axis=1))) if X.shape[0] else 0.0
         # f(x*) - f* (0 unless the cached f* came from another x) and |grad f(x*)| (Newton's residual).
-        self.offset = problem.loss(self.w) - fstar
+        self.offset = problem.loss(self.w) - self.fstar
         self.residual = float(np.linalg.norm(problem.gradient(self.w)))
 
     def lower(self, w: np.ndarray) -> float:

@@ -275,6 +275,7 @@ class LogisticRegression:
         # the training labels (+1 when the classes are even), so ties count as right for the majority's rows.
         self.majority = 1.0 if np.count_nonzero(self.y > 0) * 2 >= self.y.size else -1.0
         self._fstar: float | None = None
+        self._wstar: np.ndarray | None = None
         self._rows = _compact_rows(self.X)
 
     def init_state(self, num_clients: int, seed: int = 0) -> State:
@@ -373,15 +374,24 @@ class LogisticRegression:
 
     def optimum(self, cache_dir: Path | None = None) -> float:
         """f* = f(x*), cached on disk per dataset content and lambda."""
-        if self._fstar is not None:
-            return self._fstar
+        return self._solve(cache_dir)[1]
+
+    def minimizer(self, cache_dir: Path | None = None) -> np.ndarray:
+        """x*, by Newton's method or from the cache :meth:`optimum` writes."""
+        return self._solve(cache_dir)[0]
+
+    def _solve(self, cache_dir: Path | None) -> tuple[np.ndarray, float]:
+        if self._wstar is not None and self._fstar is not None:
+            return self._wstar, self._fstar
         path = None
         if cache_dir is not None:
             path = self._optimum_file(cache_dir)
             if path.is_file():
-                self._fstar = float(np.load(path)["fstar"])
-                return self._fstar
+                with np.load(path) as cached:
+                    self._wstar, self._fstar = np.array(cached["w"]), float(cached["fstar"])
+                return self._wstar, self._fstar
         w, self._fstar = self.newton()
+        self._wstar = w
         if path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -389,12 +399,7 @@ class LogisticRegression:
                 atomic_write(path, lambda fh: np.savez(fh, w=w, fstar=fstar), mode="wb")
             except OSError:
                 pass  # a read-only cache only costs a recomputation
-        return self._fstar
-
-    def cached_minimizer(self, cache_dir: Path) -> np.ndarray | None:
-        """x* as :meth:`optimum` cached it beside f*, or None when no cache file holds it."""
-        path = self._optimum_file(cache_dir)
-        return np.load(path)["w"] if path.is_file() else None
+        return w, self._fstar
 
     def _optimum_file(self, cache_dir: Path) -> Path:
         return Path(cache_dir) / "optima" / f"logistic-{self.fingerprint()}.npz"
