@@ -68,19 +68,19 @@ from stlsgd.problems.logistic import LogisticRegression, _expit
 # the objective less than its noise, so stages ended early (digits49: 1,530 rounds at k_1 = 2, 20-35 at 60).
 R_NONIID = 32
 MIN_K1 = 64
-# Alike clients without a target gap: LR-coupled STL's first period, in units of T_1 = 1/(mu eta_1). Every client samples the whole
-# objective, so a round buys only the average of N runs: a first round long enough for the 1/(mu t) decay to bring
-# eta down 257-fold leaves one to three rounds. Medians of three seeds (docs/results/schedules.md), 8 -> 32 -> 256 T_1:
-# a9a IID 6 -> 5 -> 3 rounds, MNIST IID 4 -> 3 -> 3, three small sets 2-3 -> 1-2 -> 1; 512 and 1,024 T_1 no fewer (on a9a and MNIST
-# both are the plans' 2^20 cap on a period).
+# Alike clients without a target gap: LR-coupled STL's first period, in units of T_1 = 1/(mu eta_1). Every client
+# samples the whole objective, so a round buys only the average of N runs: a first round long enough for the
+# 1/(mu t) decay to bring eta down 257-fold leaves one to three rounds. Medians of three seeds
+# (docs/results/schedules.md), 8 -> 32 -> 256 T_1: a9a IID 6 -> 5 -> 3 rounds, MNIST IID 4 -> 3 -> 3, three small
+# sets 2-3 -> 1-2 -> 1; 512 and 1,024 T_1 no fewer (on a9a and MNIST both are the plans' 2^20 cap on a period).
 IID_K1_STAGES = 256
 # Alike clients with a target gap: one round of Local SGD sized by the quadratic model at x* (:func:`one_round`) to
 # reach ONE_ROUND_MARGIN times less than the target. On 60 one-round runs on a9a and MNIST (lr 0.05-10, c 1,000 to
 # 1/mu, 100 k to 3.3 M steps), the model's gap was 0.7-1.7x the measured one in 33 of the 35 that ended under 3.5e-4
 # (0.32x where the lr fell 16,000-fold, 0.56x at MNIST's 3.2e-4), and down to 0.09x in rounds that ended far from x*
-# (gaps of 4e-4 to 3e-2: outside the quadratic model's reach, and not where a sized round ends). A round's gap is random
-# (the last iterates of N runs): sized for half the target, 3 of 18 runs on six sets (seeds 0-2) ended their round
-# 1.05-1.17x over it; for a third, 1 of 18 (digits 3/8, 1.38x; docs/results/schedules.md).
+# (gaps of 4e-4 to 3e-2: outside the quadratic model's reach, and not where a sized round ends). A round's gap is
+# random (the last iterates of N runs): sized for half the target, 3 of 18 runs on six sets (seeds 0-2) ended their
+# round 1.05-1.17x over it; for a third, 1 of 18 (digits 3/8, 1.38x; docs/results/schedules.md).
 ONE_ROUND_MARGIN = 3.0
 # Below this share of the gradient noise, the clients count as sampling alike (zeta^2 / sigma^2).
 IID_SHARE = 1e-3
@@ -202,8 +202,9 @@ def round_in_steps(e: Estimates, network: Network) -> float:
 def model_gap(e: Estimates, lr: float, c: float, steps: int, batch: int = 1) -> float:
     """The gap f - f* after one round of ``steps`` steps from x_0 = 0 on eta_t = lr / (1 + lr t / c) (c / t once
     t >> c / lr), averaged over the N clients, in the quadratic model at x*: the bias sum_i w_i D^(-2 c h_i),
-    D = 1 + lr steps / c = lr / eta_K (prod_t (1 - eta_t h) ~ exp(-h sum_t eta_t) = D^(-c h)), plus the N clients' averaged noise at the last lr,
-    eta_K sigma*^2 / (4 N batch) (SGD's stationary spread on a quadratic, E[f - f*] = eta tr(Sigma) / 4)."""
+    D = 1 + lr steps / c = lr / eta_K (prod_t (1 - eta_t h) ~ exp(-h sum_t eta_t) = D^(-c h)), plus the N
+    clients' averaged noise at the last lr, eta_K sigma*^2 / (4 N batch) (SGD's stationary spread on a quadratic,
+    E[f - f*] = eta tr(Sigma) / 4)."""
     o = e.optimum
     assert o is not None
     D = 1.0 + lr * steps / c

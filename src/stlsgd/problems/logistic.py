@@ -381,7 +381,7 @@ class LogisticRegression:
         return self._solve(cache_dir)[0]
 
     def _solve(self, cache_dir: Path | None) -> tuple[np.ndarray, float]:
-        if self._wstar is not None and self._fstar is not None:
+        if self._wstar is not None and self._fstar is not None:  # set together
             return self._wstar, self._fstar
         path = None
         if cache_dir is not None:
