@@ -130,7 +130,7 @@ def _cmd_suggest(args: argparse.Namespace) -> int:
     if getattr(exp.algorithm, "auto", False):  # the estimates come from the data, whatever the method's fields
         exp = exp.model_copy(update={"algorithm": exp.algorithm.model_copy(update={"auto": False, "network": None})})
     estimates = estimates_for(build(exp, args.data_dir), exp.run.target_gap)
-    print(report(estimates, propose(estimates, network, exp.algorithm.batch), network))
+    print(report(estimates, propose(estimates, network, exp.algorithm.batch, exp.run.max_iterations), network))
     return 0
 
 

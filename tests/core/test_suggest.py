@@ -113,9 +113,11 @@ def test_one_round_takes_the_fewest_steps_over_the_decay_constants() -> None:
     assert c == 3.125 and 140 < steps < 160
     assert model_gap(e, 0.25, c, steps) <= goal < model_gap(e, 0.25, c, steps - 1)
     assert model_gap(e, 0.25, 6.25, 288) <= goal < model_gap(e, 0.25, 6.25, 287)
-    # A direction whose bias no allowed decay removes (curvature 1e-12 holding 1.0): no round reaches the goal.
-    flat = AtOptimum(target_gap=3e-3, sigma2=0.8, curvatures=(1e-12, 0.5), weights=(1.0, 0.1))
-    assert one_round(_estimates(num_clients=4, mu=1e-2, optimum=flat), 0.25) is None
+    # A budget under those 150 steps: all of it, at the c whose model gap after it is least.
+    c100, steps100 = one_round(e, 0.25, max_steps=100)
+    gaps = {c: model_gap(e, 0.25, c, 100) for c in (100 / 2**j for j in range(6))}
+    assert steps100 == 100 and gaps[c100] == min(gaps.values()) > goal
+    assert one_round(e, 0.25, max_steps=1_000) == (c, steps)  # a budget over them changes nothing
 
 
 def test_with_a_target_alike_clients_get_one_round_of_local_sgd_sized_by_the_model() -> None:
@@ -128,8 +130,14 @@ def test_with_a_target_alike_clients_get_one_round_of_local_sgd_sized_by_the_mod
     assert isinstance(alg, LocalSGDConfig) and (alg.lr, alg.lr_decay, alg.k, alg.batch) == (0.25, 0.25 / c, steps, 2)
     # a larger batch averages its noise: fewer steps (the batch auto runs with is passed in)
     assert propose(e, batch=4)["k"] < steps
-    # clients that differ keep the Non-IID rule; a target no round reaches falls back to LR-coupled STL, and says so
+    # clients that differ keep the Non-IID rule
     assert propose(_estimates(num_clients=4, mu=1e-2, zeta2=0.75, optimum=_MODEL))["method"] == "stl_sc"
+    # a budget shorter than the round: one round of all of it, and the proposal says so
+    short = propose(e, max_iterations=100)
+    assert (short["method"], short["k"]) == ("local_sgd", 100.0) and short["fallback"].startswith("the budget, 100")
+    assert propose(e, max_iterations=1_000) == p
+    # A direction whose bias no allowed decay removes (curvature 1e-12 holding 1.0): no round reaches the target.
+    # With no budget to fill, the rule that needs no target (LR-coupled STL), and it says why.
     flat = AtOptimum(target_gap=3e-3, sigma2=0.8, curvatures=(1e-12, 0.5), weights=(1.0, 0.1))
     fallback = propose(_estimates(num_clients=4, mu=1e-2, optimum=flat))
     assert fallback["method"] == "lr_coupled" and "no round up to" in fallback["fallback"]
@@ -251,6 +259,11 @@ def test_suggest_prints_the_estimates_and_the_proposal(tmp_path: Path, capsys: p
     assert main(["suggest", str(config), "--set", "run.target_gap=none"]) == 0
     out = capsys.readouterr().out  # no target: no model at x*, and the rule that needs none
     assert "at x*" not in out and "proposal (algorithm.auto = true): LR-coupled STL, lr = " in out
+    # a budget under the round the model asks for: the round is the budget, and the proposal says so
+    assert main(["suggest", str(config), "--set", "run.max_iterations=50"]) == 0
+    out = capsys.readouterr().out
+    assert "k = 50: the run's budget, fewer steps than the quadratic model at x* needs for a gap of" in out
+    assert "fallback: the budget, 50 steps, is shorter than the round the target needs" in out
 
 
 @pytest.mark.parametrize(

@@ -202,6 +202,7 @@ def with_plan(exp: Experiment, built: Built) -> Built:
 
         network = getattr(alg, "network", None)
         estimates = estimates_for(built, exp.run.target_gap)
-        alg = method_config(alg, propose(estimates, parse_network(network) if network else None, alg.batch))
+        net = parse_network(network) if network else None
+        alg = method_config(alg, propose(estimates, net, alg.batch, exp.run.max_iterations))
     plan = alg.plan(plan_context(exp, built.dataset.n, built.problem.lam))
     return dataclasses.replace(built, plan=plan, rule=round_rule(alg), algorithm=alg)

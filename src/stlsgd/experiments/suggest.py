@@ -21,8 +21,9 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   (:func:`model_gap`, :func:`one_round`): each client runs alone until the round's end, at a single client's step
   eta_1 = 1/(2L) on eta_t = eta_1 / (1 + eta_1 t / c), and c and the round's K steps are the pair with the fewest
   steps for which the model's gap, the bias left in each Hessian direction plus the N clients' averaged noise
-  eta_K sigma*^2 / (4N), is a third of the target. Every client samples the whole objective, so a round buys only
-  the average of N runs: the fewest rounds are one long enough for the target;
+  eta_K sigma*^2 / (4N), is a third of the target (within the run's budget: where the budget is shorter, the round
+  is all of it, at the c whose model gap after it is least). Every client samples the whole objective, so a round
+  buys only the average of N runs: the fewest rounds are one long enough for the target;
 - when the clients sample alike and there is no target: LR-coupled STL (the paper's eta k = constant on
   eta_t = eta_1 / (1 + mu eta_1 t), the 1/(mu t) decay of strongly convex SGD, where Algorithm 2 halves eta once a
   stage), k_1 = IID_K1_STAGES T_1 (at most the plans' cap, 2^20), no drift correction: each round is
@@ -212,28 +213,37 @@ def model_gap(e: Estimates, lr: float, c: float, steps: int, batch: int = 1) -> 
     return float(np.sum(w * D ** (-2.0 * c * h))) + lr / D * o.sigma2 / (4.0 * e.num_clients * batch)
 
 
-def one_round(e: Estimates, lr: float, batch: int = 1) -> tuple[float, int] | None:
-    """(c, K): the decay constant of eta_t = lr / (1 + lr t / c) and the fewest steps K for which :func:`model_gap`
-    is at most the target / ONE_ROUND_MARGIN, over c = 1/mu (every direction's bias falls at least as fast as
-    1/t^2) halved down to 1/h_max; None when no K up to the plans' limit gets there."""
+def one_round(e: Estimates, lr: float, batch: int = 1, max_steps: int = MAX_STEPS) -> tuple[float, int]:
+    """(c, K): the decay constant of eta_t = lr / (1 + lr t / c) and the fewest steps K <= ``max_steps`` for which
+    :func:`model_gap` is at most the target / ONE_ROUND_MARGIN, over c = 1/mu (every direction's bias falls at
+    least as fast as 1/t^2) halved down to 1/h_max; when no K up to ``max_steps`` gets there, all of them at the c
+    whose model gap after them is least."""
     o = e.optimum
     assert o is not None
-    goal, best = o.target_gap / ONE_ROUND_MARGIN, None
+    goal, cs = o.target_gap / ONE_ROUND_MARGIN, []
     c = 1.0 / e.mu
     while c * max(o.curvatures) >= 1.0:
-        if model_gap(e, lr, c, MAX_STEPS, batch) <= goal:
-            lo, hi = 0, MAX_STEPS  # model_gap falls with the steps: the fewest that reach the goal, by bisection
+        cs.append(c)
+        c /= 2.0
+    best: tuple[float, int] | None = None
+    for c in cs:
+        if model_gap(e, lr, c, max_steps, batch) <= goal:
+            lo, hi = 0, max_steps  # model_gap falls with the steps: the fewest that reach the goal, by bisection
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 lo, hi = (lo, mid) if model_gap(e, lr, c, mid, batch) <= goal else (mid, hi)
             if best is None or hi < best[1]:
                 best = (c, hi)
-        c /= 2.0
+    if best is None:
+        return min(cs, key=lambda c: model_gap(e, lr, c, max_steps, batch)), max_steps
     return best
 
 
-def propose(e: Estimates, network: Network | None = None, batch: int = 1) -> dict[str, Any]:
-    """The settings ``algorithm.auto`` runs with (see the module docstring), and why."""
+def propose(
+    e: Estimates, network: Network | None = None, batch: int = 1, max_iterations: int | None = None
+) -> dict[str, Any]:
+    """The settings ``algorithm.auto`` runs with (see the module docstring), and why; ``max_iterations`` is the
+    run's budget, which the one round of alike clients fits in."""
     if e.sigma2 <= 0:
         # Every sample has the same gradient at x_0: nothing to average away; no clients differ either.
         share, fallback = 0.0, "sigma^2 = 0 (every sample's gradient at x_0 is the same): treated as IID"
@@ -246,17 +256,22 @@ def propose(e: Estimates, network: Network | None = None, batch: int = 1) -> dic
         # Alike clients and a target: one round as long as the model says the target needs. No average happens
         # before its end, so each client runs at a single client's step, 1/(2L).
         lr1 = 1.0 / (2.0 * e.L)
-        planned = one_round(e, lr1, batch)
-        if planned is not None:
-            c, steps = planned
+        c, steps = one_round(e, lr1, batch, MAX_STEPS if max_iterations is None else max_iterations)
+        gap = model_gap(e, lr1, c, steps, batch)
+        short = gap > e.optimum.target_gap / ONE_ROUND_MARGIN
+        if not short or max_iterations is not None:
             return {
                 "method": "local_sgd",
                 "lr": lr1,
                 "lr_decay": lr1 / c,
                 "k": float(steps),
                 "drift": False,
-                "model_gap": model_gap(e, lr1, c, steps, batch),
-                "fallback": fallback,
+                "model_gap": gap,
+                # The budget is too short for the round the model asks for: the whole budget, at its best decay.
+                "fallback": f"the budget, {steps} steps, is shorter than the round the target needs in the model "
+                "at x*: one round of all of it"
+                if short
+                else fallback,
             }
         fallback = f"no round up to {MAX_STEPS} steps reaches the target in the model at x*"
     if not drift:
@@ -317,11 +332,17 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
     elif proposal["method"] == "local_sgd":
         o = e.optimum
         assert o is not None
+        goal = o.target_gap / ONE_ROUND_MARGIN
+        sized = (
+            "the fewest steps for which the quadratic model at x* gives"
+            if proposal["model_gap"] <= goal
+            else "the run's budget, fewer steps than the quadratic model at x* needs for"
+        )
         rule = (
             f"Local SGD, one round planned to reach the target: lr = {proposal['lr']:.6g} (1/(2L)), lr_decay = "
-            f"{proposal['lr_decay']:.6g} (eta_t = lr / (1 + lr_decay t)), k = {proposal['k']:.0f}: the fewest steps "
-            f"for which the quadratic model at x* gives a gap of {o.target_gap / ONE_ROUND_MARGIN:.3g} (the target "
-            f"/ {ONE_ROUND_MARGIN:g}; this k and lr_decay: {proposal['model_gap']:.3g}), drift = false"
+            f"{proposal['lr_decay']:.6g} (eta_t = lr / (1 + lr_decay t)), k = {proposal['k']:.0f}: {sized} a gap "
+            f"of {goal:.3g} (the target / {ONE_ROUND_MARGIN:g}; this k and lr_decay: {proposal['model_gap']:.3g}), "
+            "drift = false"
         )
         if network is not None:
             rule += "; the network given changes nothing here (alike clients: a longer period adds no steps)"
