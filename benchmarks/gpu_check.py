@@ -15,7 +15,9 @@ recorded with its error and the others still run; the exit status is 1 when any 
    (MNIST-shaped), 8 clients x 32 images each; warm-up calls first, ``torch.cuda.synchronize()`` around every
    timed call, median of the repeats. Also checks that one step of both gives the same update at full fp32
    (cuDNN's TF32 convolutions off; their difference is recorded beside it). Goal on GPU:
-   vmap / loop >= 2x (reported under ``goals``; a missed goal does not fail the step).
+   vmap / loop >= 2x (reported under ``goals``; a missed goal does not fail the step). The loop is timed again
+   with cuDNN's deterministic algorithms, the settings the simulator's own steps run with, so that vmap is also
+   compared with a loop bound by the same reproducibility (``ratio_vmap_over_loop_deterministic``).
 2. ``stage_run``: stage 1 (T_1 iterations) of the first STL-SGD row of
    ``configs/paper/table3_resnet18_iid.toml`` (the row's first grid setting, resolved by
    :func:`stlsgd.experiments.sweeps.load_sweep` as ``stlsgd sweep`` resolves it; T_1 by the plan's own rule),
@@ -510,6 +512,8 @@ def bench_model(name: ModelName, size: BenchSize, device: Any) -> dict[str, Any]
     import numpy as np
     import torch
 
+    from stlsgd.problems.neural import reproducible
+
     lr = 0.01
     problem, state, models = bench_setup(name, size, device, lr)
 
@@ -518,6 +522,12 @@ def bench_model(name: ModelName, size: BenchSize, device: Any) -> dict[str, Any]
 
     def loop(rows: Any) -> None:
         loop_steps(models, problem, rows, device)
+
+    def loop_deterministic(rows: Any) -> None:
+        # The loop under the cuDNN settings the simulator's steps run with (reproducible runs): vmap against it
+        # compares the batching alone, where the loop at torch's defaults also gains cuDNN's faster algorithms.
+        with reproducible(device):
+            loop_steps(models, problem, rows, device)
 
     # Agreement: one step from the same x_0 on the same rows must give the same update. It is asserted at full
     # fp32: with cuDNN's default TF32 convolutions an H200 gave resnet18 updates 24 % apart (layer4's weights, whose
@@ -534,12 +544,13 @@ def bench_model(name: ModelName, size: BenchSize, device: Any) -> dict[str, Any]
         res["update_rel_diff"] = one_step_rel_diff(problem, state, models, size, device, lr)
     res["update_rel_tol"] = 5e-3
     rng = np.random.default_rng(1)
-    for label, fn in (("vmap", vmap), ("loop", loop)):
+    for label, fn in (("vmap", vmap), ("loop", loop), ("loop_deterministic", loop_deterministic)):
         times = timed_calls(fn, size, rng, device)
         res[f"{label}_times_s"] = [round(t, 6) for t in times]
         res[f"{label}_images_per_s"] = images / statistics.median(times)
         res[f"{label}_images_per_s_best"] = images / min(times)
     res["ratio_vmap_over_loop"] = res["vmap_images_per_s"] / res["loop_images_per_s"]
+    res["ratio_vmap_over_loop_deterministic"] = res["vmap_images_per_s"] / res["loop_deterministic_images_per_s"]
     return res  # the models and the problem go with this frame; the caller empties the CUDA cache
 
 
@@ -547,7 +558,8 @@ def bench_line(name: ModelName, size: BenchSize, r: dict[str, Any]) -> str:
     return (
         f"  {name:>8} {size.clients} clients x {size.batch} images {size.shape}: "
         f"vmap {r['vmap_images_per_s']:9.0f} images/s, loop {r['loop_images_per_s']:9.0f} images/s, "
-        f"vmap/loop {r['ratio_vmap_over_loop']:.2f}x  (median of {size.repeats} x {size.steps} steps; "
+        f"vmap/loop {r['ratio_vmap_over_loop']:.2f}x, {r['ratio_vmap_over_loop_deterministic']:.2f}x against the loop "
+        f"with the same deterministic cuDNN algorithms  (median of {size.repeats} x {size.steps} steps; "
         f"one-step update rel diff {r['update_rel_diff']:.1e}"
         + (f"; {r['update_rel_diff_tf32']:.1e} with TF32 convolutions)" if "update_rel_diff_tf32" in r else ")")
     )
