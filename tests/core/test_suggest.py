@@ -305,6 +305,10 @@ def test_suggest_for_a_network(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["suggest", str(config), "--network", "latency=10us,bandwidth=1Gbit,step=1us"]) == 0
     out = capsys.readouterr().out
     assert "every period at most k_max = " in out and "a round costs q = " in out
+    alike = _write(tmp_path, "alike.toml", '[data]\ndataset = "digits49"\nnum_clients = 4\n')
+    assert main(["suggest", str(alike), "--network", "latency=10us,bandwidth=1Gbit,step=1us"]) == 0
+    out = capsys.readouterr().out  # alike clients: one round whatever the network
+    assert "Local SGD, one round planned" in out and "the network given changes nothing here" in out
     assert main(["suggest", str(config), "--network", "lan"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--network: lan: suggest needs the time of a client-step too" in err, err

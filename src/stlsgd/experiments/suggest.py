@@ -344,16 +344,14 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
             f"of {goal:.3g} (the target / {ONE_ROUND_MARGIN:g}; this k and lr_decay: {proposal['model_gap']:.3g}), "
             "drift = false"
         )
-        if network is not None:
-            rule += "; the network given changes nothing here (alike clients: a longer period adds no steps)"
     else:
         rule = (
             f"LR-coupled STL, lr = {proposal['lr']:.6g} (N/(2L)), lr_decay = {proposal['lr_decay']:.6g} (mu lr: "
             f"eta_t = lr / (1 + mu lr t)), k = {proposal['k']:.0f} ({IID_K1_STAGES} T1, at most {DEFAULT_K_MAX}; "
             f"T1 = 1/(mu lr) = {proposal['T1']}), k_t = k eta_1 / eta_t, drift = false"
         )
-        if network is not None:
-            rule += "; the network given changes nothing here (alike clients: a longer period adds no steps)"
+    if proposal["method"] != "stl_sc" and network is not None:
+        rule += "; the network given changes nothing here (alike clients: a longer period adds no steps)"
     lines = [
         f"n = {e.n}, d = {e.d}, N = {e.num_clients} clients",
         f"L = {e.L:.6g} (power iteration on the Hessian at x_0), L_max = {e.L_max:.6g} (row norms), "
