@@ -119,17 +119,23 @@ class Estimates:
     optimum: AtOptimum | None = None
 
 
+def _sample_gradients(problem: LogisticRegression, w: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray, float]:
+    """The per-sample loss gradients at ``w`` (one row each; the L2 term lam w, the same for every sample, left
+    out), their mean, and sigma^2 = E_i ||grad f_i(w) - grad f(w)||^2, which that shared term does not change."""
+    y = problem.y
+    G = sp.diags(-y * _expit(-y * (problem.X @ w))) @ problem.X
+    g = np.asarray(G.mean(axis=0)).ravel()
+    return G, g, max(float(np.asarray(G.multiply(G).sum(axis=1)).mean() - g @ g), 0.0)
+
+
 def at_optimum(problem: LogisticRegression, target_gap: float, cache_dir: Path | None = None) -> AtOptimum:
     """The model at x* (Newton's, or the one :meth:`LogisticRegression.optimum` cached for the target)."""
     w = problem.minimizer(cache_dir)
-    X, y = problem.X, problem.y
-    G = sp.diags(-y * _expit(-y * (X @ w))) @ X  # per-sample loss gradients at x*; + lam x* on each
-    g = np.asarray(G.mean(axis=0)).ravel()  # = -lam x*: the full gradient vanishes at x*
-    sigma2 = float(np.asarray(G.multiply(G).sum(axis=1)).mean() - g @ g)
+    sigma2 = _sample_gradients(problem, w)[2]
     h, V = np.linalg.eigh(problem.hessian(w))
     return AtOptimum(
         target_gap=target_gap,
-        sigma2=max(sigma2, 0.0),
+        sigma2=sigma2,
         curvatures=tuple(h.tolist()),
         weights=tuple((0.5 * h * (V.T @ w) ** 2).tolist()),
     )
@@ -144,7 +150,7 @@ def estimate(
 ) -> Estimates:
     """The constants of Theorem 2 for ``problem`` on ``partition`` (see the module docstring), and with a target
     gap the model at x* :func:`one_round` plans from."""
-    X, y, lam, n = problem.X, problem.y, problem.lam, problem.num_samples
+    X, lam, n = problem.X, problem.lam, problem.num_samples
     v = np.random.default_rng(0).standard_normal(X.shape[1])
     L = 0.0
     for _ in range(iterations):  # power iteration on H(0) = X^T X / (4n) + lam I
@@ -154,9 +160,7 @@ def estimate(
             raise StlsgdError("suggest: the Hessian at x_0 is zero or not finite (no features?); cannot estimate L")
         v /= L
     rows = np.asarray(X.multiply(X).sum(axis=1)).ravel()
-    G = sp.diags(-y * _expit(np.zeros(n))) @ X  # per-sample loss gradients at x_0 = 0 (lam x_0 = 0)
-    g = np.asarray(G.mean(axis=0)).ravel()
-    sigma2 = float(np.asarray(G.multiply(G).sum(axis=1)).mean() - g @ g)
+    G, g, sigma2 = _sample_gradients(problem, np.zeros(X.shape[1]))  # at x_0 = 0
     clients = np.array(
         [np.asarray(G[partition.client_rows(c)].mean(axis=0)).ravel() for c in range(partition.num_clients)]
     )
@@ -168,7 +172,7 @@ def estimate(
         L=L,
         L_max=float(rows.max() / 4 + lam),
         mu=lam,
-        sigma2=max(sigma2, 0.0),
+        sigma2=sigma2,
         zeta2=max(zeta2, 0.0),
         optimum=None if target_gap is None else at_optimum(problem, target_gap, cache_dir),
     )
@@ -225,18 +229,17 @@ def one_round(e: Estimates, lr: float, batch: int = 1, max_steps: int = MAX_STEP
     while c * max(o.curvatures) >= 1.0:
         cs.append(c)
         c /= 2.0
+    at_most = {c: model_gap(e, lr, c, max_steps, batch) for c in cs}  # the least each c can reach
     best: tuple[float, int] | None = None
     for c in cs:
-        if model_gap(e, lr, c, max_steps, batch) <= goal:
+        if at_most[c] <= goal:
             lo, hi = 0, max_steps  # model_gap falls with the steps: the fewest that reach the goal, by bisection
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 lo, hi = (lo, mid) if model_gap(e, lr, c, mid, batch) <= goal else (mid, hi)
             if best is None or hi < best[1]:
                 best = (c, hi)
-    if best is None:
-        return min(cs, key=lambda c: model_gap(e, lr, c, max_steps, batch)), max_steps
-    return best
+    return best if best is not None else (min(cs, key=at_most.__getitem__), max_steps)
 
 
 def propose(
