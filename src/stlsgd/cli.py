@@ -120,7 +120,7 @@ def _cmd_suggest(args: argparse.Namespace) -> int:
     from stlsgd.costmodel import parse_network, require_step
     from stlsgd.experiments.build import build
     from stlsgd.experiments.config import load_config
-    from stlsgd.experiments.suggest import estimates_for, propose, report
+    from stlsgd.experiments.suggest import proposal_for, report
 
     exp = load_config(args.config, args.set, sweep_base=True)
     given = args.network or getattr(exp.algorithm, "network", None)
@@ -129,8 +129,7 @@ def _cmd_suggest(args: argparse.Namespace) -> int:
         require_step(network, f"--network: {given}", "suggest")
     if getattr(exp.algorithm, "auto", False):  # the estimates come from the data, whatever the method's fields
         exp = exp.model_copy(update={"algorithm": exp.algorithm.model_copy(update={"auto": False, "network": None})})
-    estimates = estimates_for(build(exp, args.data_dir), exp.run.target_gap)
-    print(report(estimates, propose(estimates, network, exp.algorithm.batch, exp.run.max_iterations), network))
+    print(report(*proposal_for(exp, build(exp, args.data_dir), network), network))
     return 0
 
 

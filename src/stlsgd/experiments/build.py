@@ -198,11 +198,9 @@ def with_plan(exp: Experiment, built: Built) -> Built:
     alg: MethodConfig = exp.algorithm  # the registry's union: every member is a MethodConfig
     if getattr(alg, "auto", False):
         from stlsgd.costmodel import parse_network
-        from stlsgd.experiments.suggest import estimates_for, method_config, propose
+        from stlsgd.experiments.suggest import method_config, proposal_for
 
         network = getattr(alg, "network", None)
-        estimates = estimates_for(built, exp.run.target_gap)
-        net = parse_network(network) if network else None
-        alg = method_config(alg, propose(estimates, net, alg.batch, exp.run.max_iterations))
+        alg = method_config(alg, proposal_for(exp, built, parse_network(network) if network else None)[1])
     plan = alg.plan(plan_context(exp, built.dataset.n, built.problem.lam))
     return dataclasses.replace(built, plan=plan, rule=round_rule(alg), algorithm=alg)

@@ -395,6 +395,13 @@ def estimates_for(built: Any, target_gap: float | None = None) -> Estimates:
     return estimate(built.problem, built.partition, target_gap=target_gap, cache_dir=cache_dir())
 
 
+def proposal_for(exp: Any, built: Any, network: Network | None = None) -> tuple[Estimates, dict[str, Any]]:
+    """The estimates of a built experiment and what ``auto`` runs on it: its run's target, batch and budget
+    passed on, the same for ``algorithm.auto`` and ``stlsgd suggest``."""
+    e = estimates_for(built, exp.run.target_gap)
+    return e, propose(e, network, exp.algorithm.batch, exp.run.max_iterations)
+
+
 __all__ = [
     "AtOptimum",
     "Estimates",
@@ -404,6 +411,7 @@ __all__ = [
     "model_gap",
     "one_round",
     "propose",
+    "proposal_for",
     "report",
     "round_in_steps",
     "theorem2",
