@@ -161,6 +161,18 @@ def test_auto_on_alike_clients_reaches_the_target_in_its_one_round(tmp_path: Pat
     assert (summary["status"], summary["rounds_to_target"]) == ("reached", 1)
 
 
+def test_the_model_at_the_optimum_is_built_only_for_alike_clients_with_a_target(tmp_path: Path) -> None:
+    ds = load_dataset("digits49")
+    problem = LogisticRegression(ds.X, ds.y)
+    alike = estimate(problem, make_partition(ds.y, 4, "shared", seed=0), target_gap=1e-4, cache_dir=tmp_path)
+    assert alike.optimum is not None and len(alike.optimum.curvatures) == ds.X.shape[1]
+    # clients that differ run STL-SGD^sc + drift, which the model does not size: no d x d eigendecomposition
+    differ = estimate(problem, make_partition(ds.y, 4, "noniid", seed=0), target_gap=1e-4, cache_dir=tmp_path)
+    assert differ.zeta2 > 1e-3 * differ.sigma2 and differ.optimum is None
+    assert propose(differ)["drift"] is True
+    assert estimate(problem, make_partition(ds.y, 4, "shared", seed=0)).optimum is None  # no target, no model
+
+
 def test_non_iid_proposal_switches_drift_correction_on_and_ends_stages_when_stationary() -> None:
     # eta_1 = 8, T_1 = 12,500 as IID; zeta^2/sigma^2 = 0.75: R = ceil(32 sqrt(1 + 3)) = 64, k_1 = floor(12,500/64)
     p = propose(_estimates(zeta2=0.75))

@@ -87,9 +87,16 @@ ONE_ROUND_MARGIN = 3.0
 IID_SHARE = 1e-3
 # With a network, no round longer than NETWORK_CAP times the client-steps one round's communication costs. Measured
 # on a9a Non-IID, datacenter (0.5 ms a round, 446 ns a step: q = 1,121), seeds 0-2, predicted time to the target:
-# uncapped 314, 600, 730 ms; capped at 2q 278, 312, 358 ms; at about 1q 373, 352, 326 ms; MNIST (639 ns, 2q = 1,597)
-# 997, 922, 1,225 -> 875, 912, 1,043 ms (docs/results/schedules.md).
+# uncapped 325, 392, 377 ms; capped at 2q 285, 285, 351 ms (at about 1q, when the cap was chosen: 373, 352, 326 ms
+# against 2q's 278, 312, 358); MNIST (639 ns, 2q = 1,597) 1,569, 922, 1,328 -> 979, 912, 1,049 ms
+# (docs/results/schedules.md).
 NETWORK_CAP = 2
+
+
+def _alike(sigma2: float, zeta2: float) -> bool:
+    """Whether clients count as sampling alike: zeta^2 / sigma^2 at most IID_SHARE, or sigma^2 = 0 (every sample's
+    gradient the same: no client can differ)."""
+    return sigma2 <= 0 or zeta2 <= IID_SHARE * sigma2
 
 
 @dataclass(frozen=True)
@@ -115,7 +122,7 @@ class Estimates:
     mu: float
     sigma2: float
     zeta2: float
-    #: With a target gap (f* known): the model at x* (None without one).
+    #: With a target gap (f* known) and alike clients: the model at x* (else None).
     optimum: AtOptimum | None = None
 
 
@@ -164,7 +171,7 @@ def estimate(
     clients = np.array(
         [np.asarray(G[partition.client_rows(c)].mean(axis=0)).ravel() for c in range(partition.num_clients)]
     )
-    zeta2 = float(np.mean(np.sum((clients - g) ** 2, axis=1)))
+    zeta2 = max(float(np.mean(np.sum((clients - g) ** 2, axis=1))), 0.0)
     return Estimates(
         n=n,
         d=X.shape[1],
@@ -173,8 +180,12 @@ def estimate(
         L_max=float(rows.max() / 4 + lam),
         mu=lam,
         sigma2=sigma2,
-        zeta2=max(zeta2, 0.0),
-        optimum=None if target_gap is None else at_optimum(problem, target_gap, cache_dir),
+        zeta2=zeta2,
+        # The model at x* sizes only alike clients' one round (:func:`propose`): where clients differ its d x d
+        # eigendecomposition is not paid.
+        optimum=at_optimum(problem, target_gap, cache_dir)
+        if target_gap is not None and _alike(sigma2, zeta2)
+        else None,
     )
 
 
@@ -254,7 +265,7 @@ def propose(
         share, fallback = e.zeta2 / e.sigma2, None
     lr = e.num_clients / (2.0 * e.L)
     T1 = max(int(math.ceil(1.0 / (e.mu * lr))), 1)
-    drift = share > IID_SHARE
+    drift = not _alike(e.sigma2, e.zeta2)
     if not drift and e.optimum is not None:
         # Alike clients and a target: one round as long as the model says the target needs. No average happens
         # before its end, so each client runs at a single client's step, 1/(2L).
