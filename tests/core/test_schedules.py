@@ -165,6 +165,29 @@ def test_stationary_stages_end_when_the_objective_rises_over_five_rounds_and_gro
     assert rounds == [(1, 2, 1.0)] * 11 + [(2, 4, 0.5)] * 5 + [(3, 4, 0.25)] * 2
 
 
+def test_with_diminishing_k_a_stage_also_ends_once_its_returns_diminish() -> None:
+    # Round 6 compares 5 with the reference 10: a fall of 5, not under a quarter of the stage's 10 - 5 = 5, so 5
+    # becomes the reference. Round 11 sees 4.5: the window fell 0.5, under a quarter of the stage's 10 - 4.5 = 5.5
+    # (1.375), so stage 2 opens there (eta/2; the first stage dropped, so k x2) though nothing rose.
+    objectives = [None, 10.0, 9.0, 8.0, 7.0, 6.0, 5.0, 4.9, 4.8, 4.7, 4.6, 4.5, 4.4]
+    assert (
+        drive(STLSGDStationary(lr=1.0, T1=100, k1=2, diminishing_k=2), objectives)
+        == [(1, 2, 1.0)] * 11 + [(2, 4, 0.5)] * 2
+    )
+    # Off, or a period over diminishing_k: only a rise ends the stage.
+    for plan in (STLSGDStationary(lr=1.0, T1=100, k1=2), STLSGDStationary(lr=1.0, T1=100, k1=2, diminishing_k=1)):
+        assert drive(plan, objectives) == [(1, 2, 1.0)] * 13
+    with pytest.raises(ValueError, match="diminishing_k"):
+        STLSGDStationary(lr=1.0, T1=100, k1=2, diminishing_k=0)
+    with pytest.raises(Exception, match='diminishing_k: only with stage_end = "stationary"'):
+        Experiment.model_validate({"algorithm": {"method": "stl_sc", "lr": 0.5, "k": 2, "diminishing_k": 64}})
+    exp = Experiment.model_validate(
+        {"algorithm": {"method": "stl_sc", "lr": 0.5, "k": 2, "T1": 40, "stage_end": "stationary", "diminishing_k": 64}}
+    )
+    plan = exp.algorithm.plan(PlanContext(num_samples=100, num_clients=4, lam=None, iid=True, max_iterations=500))
+    assert isinstance(plan, STLSGDStationary) and (plan.diminishing_k, plan.T1, plan.k1) == (64, 40, 2)
+
+
 def test_a_capped_period_keeps_the_stationarity_window_in_steps() -> None:
     # The first test's objectives with k_max = 3: stage 2's period would be 4, so its rounds are 3 steps and the test
     # compares objectives ceil(4 / 3) x 5 = 10 rounds apart. Round 16's rise (6.5 > 6.0, 5 rounds on) no longer ends

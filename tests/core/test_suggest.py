@@ -184,6 +184,12 @@ def test_non_iid_proposal_switches_drift_correction_on_and_ends_stages_when_stat
         195.0,
         65,
     )
+    # without a budget no stage ends on diminishing returns; with one, while k is at most the budget / 256
+    assert p["diminishing_k"] is None
+    assert propose(_estimates(zeta2=0.75), max_iterations=2_560_000)["diminishing_k"] == 10_000
+    # ... and not with a network: the rule buys rounds with steps, and the network prices the steps
+    net = Network(1e-5, 3.2e6, 1e-6, "custom", "test")
+    assert propose(_estimates(zeta2=0.75), net, max_iterations=2_560_000)["diminishing_k"] is None
     # zeta^2/sigma^2 = 0.0025 (just above the threshold): R = ceil(32 sqrt(1.01)) = 33, k_1 = 378
     assert propose(_estimates(zeta2=0.0025))["k"] == 378.0
     # a short first stage: T_1 / R would be a step or two; at least 64 steps (T_1 = 2,000, R = 64: 31 -> 64) ...
@@ -295,6 +301,7 @@ def test_suggest_prints_the_estimates_and_the_proposal(tmp_path: Path, capsys: p
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\ndrift = true\n', "algorithm.auto: sets drift itself"),
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\nstage_end = "length"\n', "algorithm.auto: sets stage_end"),
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\nk_max = 64\n', "algorithm.auto: sets k_max itself"),
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\ndiminishing_k = 64\n', "algorithm.auto: sets diminishing_k"),
         ('[algorithm]\nmethod = "stl_sc"\nnetwork = "lan,step=1us"\n', "algorithm.network: only with auto = true"),
         (
             '[algorithm]\nmethod = "stl_sc"\nauto = true\nnetwork = "lan"\n',

@@ -32,12 +32,14 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   :class:`~stlsgd.algorithms.stl_sgd.STLSGDStationary`: the objective is higher than five or more rounds before,
   at most T_s), and k_1 = T_1 / R, R = R_NONIID sqrt(1 + 4 zeta^2 / sigma^2) (Theorem 2's Non-IID factor), but at
   least MIN_K1 steps (at most T_1 / 2). With the stage ended online, R no longer has to be the rounds a stage.
+  While the period is at most the budget / DIMINISHING_BUDGET (``diminishing_k``), a stage also ends once its fall
+  over the test's window is under a quarter of its fall so far (not with a network: it buys rounds with steps).
   With a network given (``algorithm.network``, ``stlsgd suggest --network``), every period is capped at
   k_max = NETWORK_CAP q, q = (latency + the bytes a client sends a round / bandwidth) / step the cost of one round
   in client-steps: longer rounds would cut communication, already at most a third of a round's time, and add drift
   steps; in IID data the network changes nothing (a longer period removes rounds without adding steps there).
 
-``auto`` sets lr, k, T1, iid, drift, stage_end and k_max itself: any of them given beside it is refused (STLSCConfig).
+``auto`` sets lr, k, T1, iid, drift, stage_end, k_max and diminishing_k itself: any of them given beside it is refused (STLSCConfig).
 
 Measured against each column's grid (docs/results/schedules.md, *Tuning-free default*): the fixed-length rule this
 replaces (R = 64 sqrt(1 + 4 zeta^2/sigma^2) rounds a stage) spent 775 rounds on a9a Non-IID and 655 on MNIST
@@ -87,10 +89,18 @@ ONE_ROUND_MARGIN = 3.0
 IID_SHARE = 1e-3
 # With a network, no round longer than NETWORK_CAP times the client-steps one round's communication costs. Measured
 # on a9a Non-IID, datacenter (0.5 ms a round, 446 ns a step: q = 1,121), seeds 0-2, predicted time to the target:
-# uncapped 325, 392, 377 ms; capped at 2q 285, 285, 351 ms (at about 1q, when the cap was chosen: 373, 352, 326 ms
-# against 2q's 278, 312, 358); MNIST (639 ns, 2q = 1,597) 1,569, 922, 1,328 -> 979, 912, 1,049 ms
-# (docs/results/schedules.md).
+# uncapped 325, 392, 377 ms (stationary stages only, as with a network); capped at 2q 285, 285, 351 ms (at about
+# 1q, when the cap was chosen: 373, 352, 326 ms against 2q's 278, 312, 358); MNIST (639 ns, 2q = 1,597) 1,569, 922,
+# 1,328 -> 979, 912, 1,049 ms (docs/results/schedules.md).
 NETWORK_CAP = 2
+# Clients that differ: a stage also ends on diminishing returns while its period is at most the budget /
+# DIMINISHING_BUDGET (STLSGDStationary.diminishing_k). Such stages are about ten rounds and k doubles each stage, so a
+# stage at period k costs about 10 k steps and the ones after it twice as many each: at k = budget / 256 the next
+# four would cost 10 k (2 + 4 + 8 + 16) = 300 k, more than the budget. MNIST Non-IID (budget 3.6 M, seeds 0-2): with
+# the test at every period, the budget at every seed; up to 14,000 steps (3.6 M / 256), 150, 150, 160 rounds; up to
+# 30,000, 130, 149, the budget (docs/results/schedules.md). Without a budget, or with a network (predicted time, not
+# rounds), off.
+DIMINISHING_BUDGET = 256
 
 
 def _alike(sigma2: float, zeta2: float) -> bool:
@@ -313,8 +323,14 @@ def propose(
         "k_max": k_max,
         "drift": True,
         "iid": True,
-        # Clients that differ: a stage ends when the run is stationary (at most T_s), not after a fixed R rounds.
+        # Clients that differ: a stage ends when the run is stationary (at most T_s), not after a fixed R rounds,
+        # and, while the period is short against the budget, once its returns diminish.
         "stage_end": "stationary",
+        # Not with a network: that rule buys rounds with steps, which a priced step makes a loss (it spent MNIST's
+        # budget at k_max = 2q on two seeds of three, and a9a took 321 ms instead of 285).
+        "diminishing_k": None
+        if network is not None or max_iterations is None
+        else max(max_iterations // DIMINISHING_BUDGET, 1),
         "rounds_per_stage": math.ceil(T1 / k),
         "fallback": fallback,
     }
@@ -338,6 +354,11 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
             f"{proposal['k']:g} (at most {proposal['rounds_per_stage']} rounds a stage), drift = true, a stage ends "
             "when the objective stops falling (at most T_s), k x2 while each stage's drop holds"
         )
+        if proposal["diminishing_k"] is not None:
+            rule += (
+                f"; while k <= diminishing_k = {proposal['diminishing_k']} (the budget / {DIMINISHING_BUDGET}), a "
+                "stage also ends once its fall over five rounds is under a quarter of its fall so far"
+            )
         if proposal["k_max"] is not None:
             rule += (
                 f", every period at most k_max = {proposal['k_max']} ({NETWORK_CAP} x the client-steps a round's "
