@@ -1,6 +1,8 @@
 """Shared fixtures, and the ``launch`` mark for the test modules of other owners that start ranks."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,10 +24,17 @@ from stlsgd.problems.logistic import LogisticRegression  # noqa: E402
 LAUNCHING = {"test_dropin.py", "test_lightning.py", "test_accelerate.py"}
 
 # Fixtures made once per module (or session) that launch processes or run a sweep. Under pytest-xdist (`-n`,
-# `--dist loadgroup`, as .ci/checks runs) the tests using one go to one worker, or every worker would make it
+# `--dist loadgroup`, as pyproject.toml's addopts run) the tests using one go to one worker, or every worker would make it
 # again: the simulator-vs-distributed comparisons (one launch of ranks per world size) as one group, the others
 # by module.
 SHARED = {"dist_runs", "ddp_fits", "cluster", "local_best", "swept", "finished_sweep"}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """On the controller of a run on several workers, before they start: fill numba's cache (tests/warm_numba.py)
+    in one process, so the workers and the processes they launch load the kernels instead of all compiling them."""
+    if "PYTEST_XDIST_WORKER" not in os.environ and (getattr(session.config.option, "numprocesses", None) or 0) > 1:
+        subprocess.run([sys.executable, str(Path(__file__).with_name("warm_numba.py"))], check=True)
 
 
 # tryfirst: xdist's own hook (registered after this file is loaded, so called before it otherwise) turns the
