@@ -103,10 +103,10 @@ NETWORK_CAP = 2
 DIMINISHING_BUDGET = 256
 
 
-def _alike(sigma2: float, zeta2: float) -> bool:
-    """Whether clients count as sampling alike: zeta^2 / sigma^2 at most IID_SHARE, or sigma^2 = 0 (every sample's
-    gradient the same: no client can differ)."""
-    return sigma2 <= 0 or zeta2 <= IID_SHARE * sigma2
+def _share(sigma2: float, zeta2: float) -> float:
+    """zeta^2 / sigma^2, the clients' difference against the gradient noise; 0 when sigma^2 = 0 (every sample's
+    gradient the same: no client can differ). Clients sample alike at most IID_SHARE."""
+    return zeta2 / sigma2 if sigma2 > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ def estimate(
         # The model at x* sizes only alike clients' one round (:func:`propose`): where clients differ its d x d
         # eigendecomposition is not paid.
         optimum=at_optimum(problem, target_gap, cache_dir)
-        if target_gap is not None and _alike(sigma2, zeta2)
+        if target_gap is not None and _share(sigma2, zeta2) <= IID_SHARE
         else None,
     )
 
@@ -268,14 +268,12 @@ def propose(
 ) -> dict[str, Any]:
     """The settings ``algorithm.auto`` runs with (see the module docstring), and why; ``max_iterations`` is the
     run's budget, which the one round of alike clients fits in."""
-    if e.sigma2 <= 0:
-        # Every sample has the same gradient at x_0: nothing to average away; no clients differ either.
-        share, fallback = 0.0, "sigma^2 = 0 (every sample's gradient at x_0 is the same): treated as IID"
-    else:
-        share, fallback = e.zeta2 / e.sigma2, None
+    share = _share(e.sigma2, e.zeta2)
+    # sigma^2 = 0: every sample has the same gradient at x_0, nothing to average away and no clients differ.
+    fallback = "sigma^2 = 0 (every sample's gradient at x_0 is the same): treated as IID" if e.sigma2 <= 0 else None
     lr = e.num_clients / (2.0 * e.L)
     T1 = max(int(math.ceil(1.0 / (e.mu * lr))), 1)
-    drift = not _alike(e.sigma2, e.zeta2)
+    drift = share > IID_SHARE
     if not drift and e.optimum is not None:
         # Alike clients and a target: one round as long as the model says the target needs. No average happens
         # before its end, so each client runs at a single client's step, 1/(2L).
