@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -293,10 +294,8 @@ class STLSCConfig(_Stagewise):
             if ctx.lam is None:
                 raise ConfigError("algorithm.T1: give T1 or T1_epochs (eta_1 T_1 = 1/lambda needs a logistic lambda)")
             T1 = first_stage_length(self.lr, ctx.lam, self.lr_T1)
-        plan = STLSGD(lr=self.lr, T1=T1, k1=self.k, iid=self.growth_iid(ctx), batch=self.batch, k_max=self.k_max)
-        if self.stage_end == "stationary":
-            return STLSGDStationary(**vars(plan), diminishing_k=self.diminishing_k)
-        return plan
+        make = partial(STLSGDStationary, diminishing_k=self.diminishing_k) if self.stage_end == "stationary" else STLSGD
+        return make(lr=self.lr, T1=T1, k1=self.k, iid=self.growth_iid(ctx), batch=self.batch, k_max=self.k_max)
 
 
 @register
