@@ -16,17 +16,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from stored import stored_run, sweep_config
 
 from stlsgd.experiments.build import build
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
-from stlsgd.experiments.sweeps.spec import load_sweep
 from stlsgd.experiments.sweeps.worker import _built_for, run_task
 from stlsgd.files import cache_dir
 from stlsgd.problems.bounds import floor_for
-
-ROOT = Path(__file__).resolve().parents[2]
-STORED = ROOT / "docs" / "results" / "table2_data"
 
 # (column, label, settings, seed): fast settings of the stored sweeps covering IID and Non-IID, reached and
 # pruned, Local SGD, STL-SGD^sc, LB-SGD (fused k = 1 rounds).
@@ -36,22 +33,6 @@ CASES = [
     ("table2_a9a_noniid", "LB-SGD", {"lr": 32, "lr_decay": 0.01, "batch": 80}, 0),
     ("table2_a9a_noniid", "Local SGD", {"lr": 0.32, "lr_decay": 0.001, "k": 10}, 0),
 ]
-
-
-def _stored(column: str, label: str, settings: dict[str, Any], seed: int) -> dict[str, Any]:
-    for line in (STORED / column / "results.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record["label"] == label and record["settings"] == settings and record["seed"] == seed:
-            return record
-    raise AssertionError(f"{column}: no stored run {label} {settings} seed {seed}")
-
-
-def _config(column: str, label: str, settings: dict[str, Any], seed: int) -> dict[str, Any]:
-    sweep = load_sweep(ROOT / "configs" / "paper" / f"{column}.toml", only=[label])
-    spec = next(s for s in sweep.grid if s.settings == settings)
-    config = json.loads(json.dumps(spec.config))
-    config["run"]["seed"] = seed
-    return config
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -70,8 +51,8 @@ def _same_line(a: dict[str, Any], b: dict[str, Any]) -> None:
 def test_stored_settings_same_outcome_dense_and_sparse(
     column: str, label: str, settings: dict[str, Any], seed: int, shared_data: Path, tmp_path: Path
 ) -> None:
-    stored = _stored(column, label, settings, seed)
-    config = _config(column, label, settings, seed)
+    stored = stored_run("table2_data", column, label, settings, seed)
+    config = sweep_config(column, label, settings, seed)
     # A stored pruned run stopped at round R: a bound of R prunes it there again (a run still going at its
     # bound's round is pruned).
     bound = stored["rounds"] if stored["status"] == "pruned" else 2**62
