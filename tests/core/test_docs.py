@@ -23,6 +23,8 @@ def test_ci_runs_the_readmes_test_command_as_written() -> None:
     test_command = fence.strip().splitlines()[1]
     ci_run = (README.parent / ".ci" / "run").read_text()
     assert ci_run == f"#!/usr/bin/env bash\n{test_command}\n", ci_run  # the shebang and that line: nothing else
+    # and the line itself runs the tools, not a script of ours that a reader would have to open to know what runs
+    assert ".ci/" not in test_command and "pytest" in test_command and "mypy" in test_command, test_command
 
 
 def test_no_tracked_file_names_a_path_of_the_machine_it_was_made_on() -> None:
