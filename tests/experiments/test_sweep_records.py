@@ -137,3 +137,28 @@ def test_best_json_that_is_a_list_is_one_line(tmp_path: Path, capsys: pytest.Cap
     assert main(["report", str(sweep), "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"stlsgd: error: {sweep / 'best.json'}: not a best.json"), err
+
+
+def test_best_json_names_its_sweep_file_relative_to_where_the_sweep_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep file under the working directory is recorded relative to it, however it was given: no record
+    names the machine's folders, and a checkout moved elsewhere still finds it from its best.json's folder."""
+    from stlsgd.experiments.sweeps.results import recorded_path, sweep_file_of
+
+    checkout = tmp_path / "checkout"
+    (checkout / "sweeps").mkdir(parents=True)
+    (checkout / "sweeps" / "s.toml").write_text(SWEEP)
+    outside = tmp_path / "elsewhere.toml"
+    outside.write_text(SWEEP)
+    monkeypatch.chdir(checkout)
+    assert recorded_path(checkout / "sweeps" / "s.toml") == "sweeps/s.toml"
+    assert recorded_path(Path("sweeps/s.toml")) == "sweeps/s.toml"
+    assert recorded_path(outside) == str(outside)  # only its own path finds it
+    assert main(["sweep", str(checkout / "sweeps" / "s.toml"), "--out", "out", "--quiet"]) == 0
+    assert json.loads((checkout / "out" / "best.json").read_text())["config"] == "sweeps/s.toml"
+    monkeypatch.chdir(tmp_path)
+    moved = tmp_path / "moved"
+    checkout.rename(moved)
+    assert sweep_file_of({"config": "sweeps/s.toml", "_dir": str(moved / "out")}) == moved / "sweeps" / "s.toml"
+    assert sweep_file_of({"config": "sweeps/s.toml"}) is None  # from elsewhere, without the sweep's folder

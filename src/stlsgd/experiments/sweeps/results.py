@@ -279,7 +279,7 @@ def summarize_best(sweep: Sweep, records: list[dict[str, Any]]) -> dict[str, Any
     data_cfg = sweep.grid[0].config["data"]
     return {
         "sweep": sweep.name,
-        "config": str(sweep.source),
+        "config": recorded_path(sweep.source),
         "dataset": data_cfg["dataset"],
         "partition": data_cfg["partition"],
         "num_clients": data_cfg["num_clients"],
@@ -291,6 +291,16 @@ def summarize_best(sweep: Sweep, records: list[dict[str, Any]]) -> dict[str, Any
         "labels": sweep.labels,
         "methods": methods,
     }
+
+
+def recorded_path(source: Path) -> str:
+    """The sweep file as best.json names it: relative to the working directory when it lies under it (so a
+    checkout moved or cloned elsewhere still finds it, :func:`sweep_file_of`, and no record names this
+    machine's folders), else as given: only that path finds it."""
+    try:
+        return str(source.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(source)
 
 
 def write_best(
@@ -305,19 +315,20 @@ def write_best(
 
 
 def sweep_file_of(best: dict[str, Any]) -> Path | None:
-    """The sweep file best.json names; when it was recorded on another machine (or relative to a repository
-    root), the same ``configs/...`` path under the working directory or under a folder above the sweep's own."""
+    """The sweep file best.json names: as recorded, or (recorded relative to the directory the sweep ran from, or
+    on another machine) that path, or its ``configs/...`` tail, under the working directory or a folder above
+    the sweep's own."""
     path = Path(best.get("config", ""))
     if path.is_file():
         return path
     parts = path.parts
-    if "configs" not in parts:
-        return None
-    local = Path(*parts[parts.index("configs") :])
+    tails = [] if path.is_absolute() else [path]
+    if "configs" in parts:
+        tails.append(Path(*parts[parts.index("configs") :]))
     roots = [Path.cwd()]
     if "_dir" in best:
         roots += list(Path(best["_dir"]).resolve().parents)
-    return next((root / local for root in roots if (root / local).is_file()), None)
+    return next((root / tail for tail in tails for root in roots if (root / tail).is_file()), None)
 
 
 def drawn_run_dir(info: dict[str, Any]) -> str | None:
