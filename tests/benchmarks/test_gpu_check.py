@@ -109,7 +109,7 @@ def test_dry_run_passes_every_step_with_real_figures(
     sweep = tomllib.loads(SWEEP.read_text())
     row = next(m for m in sweep["methods"] if m["method"].startswith("stl"))
     assert st["row"] == row["label"] and st["grid_setting"] == {k: v[0] for k, v in row["grid"].items()}
-    assert st["data_source"] == "synthetic" and "python -m stlsgd run" in st["command"]
+    assert st["data_source"] == "synthetic" and f"{sys.executable} -m stlsgd run " in st["command"]
     assert st["summary"]["status"] == "budget" and st["iterations_run"] == st["iterations_cap"] > 0
     assert st["T1"] == math.ceil(row["grid"]["T1_epochs"][0] * st["images"] / (st["clients"] * st["batch"]))
     assert st["seconds_per_iteration"] > 0 and st["time_per_epoch_s"] > 0 and st["eval_time_s"] > 0
