@@ -24,9 +24,9 @@ from stlsgd.problems.logistic import LogisticRegression  # noqa: E402
 LAUNCHING = {"test_dropin.py", "test_lightning.py", "test_accelerate.py"}
 
 # Fixtures made once per module (or session) that launch processes or run a sweep. Under pytest-xdist (`-n`,
-# `--dist loadgroup`, as pyproject.toml's addopts run) the tests using one go to one worker, or every worker would make it
-# again: the simulator-vs-distributed comparisons (one launch of ranks per world size) as one group, the others
-# by module.
+# `--dist loadgroup`, pyproject.toml's addopts) the tests using one go to one worker, or every worker would make
+# it again: the simulator-vs-distributed comparisons (one launch of ranks per world size) as one group, the
+# others by module.
 SHARED = {"dist_runs", "ddp_fits", "cluster", "local_best", "swept", "finished_sweep"}
 
 
