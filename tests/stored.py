@@ -13,12 +13,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def stored_run(data: str, column: str, label: str, settings: dict[str, Any], seed: int) -> dict[str, Any]:
-    """The record of ``label`` at ``settings`` and ``seed`` in docs/results/``data``/``column``."""
-    for line in (ROOT / "docs" / "results" / data / column / "results.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record["label"] == label and record["settings"] == settings and record["seed"] == seed:
-            return record
-    raise AssertionError(f"{data}/{column}: no stored run {label} {settings} seed {seed}")
+    """The one record of ``label`` at ``settings`` and ``seed`` in docs/results/``data``/``column``."""
+    lines = (ROOT / "docs" / "results" / data / column / "results.jsonl").read_text().splitlines()
+    found = [
+        record
+        for record in map(json.loads, lines)
+        if record["label"] == label and record["settings"] == settings and record["seed"] == seed
+    ]
+    assert len(found) == 1, f"{data}/{column}: {len(found)} stored runs {label} {settings} seed {seed}, not one"
+    return found[0]
 
 
 def sweep_config(column: str, label: str, settings: dict[str, Any], seed: int) -> dict[str, Any]:
