@@ -225,6 +225,13 @@ def main() -> None:
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_table2_"))
     configs = [ROOT / "configs" / "paper" / f"{args.sweeps}_{column}.toml" for column in args.columns]
     if args.floor_only:
+        for config in configs:
+            if not (out / config.stem / "runs").is_dir():
+                # The floor counts each run's client-steps up to its row's bound from its metrics.jsonl; the
+                # records kept under docs/results hold no run directories.
+                parser.error(
+                    f"--floor-only: {out / config.stem / 'runs'} is missing: point --out at the sweeps' own output"
+                )
         print_floor(configs, out, jobs=args.jobs, data_dir=args.data_dir, target_s=TARGET_S)
     elif args.compare_cluster:
         common = {

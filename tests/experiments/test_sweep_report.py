@@ -6,6 +6,8 @@ import csv
 import importlib.util
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -273,3 +275,16 @@ def test_a_sweep_of_an_older_stlsgd_is_priced_from_its_sweep_file_from_any_direc
         6640 * 984,
     )
     assert (usages["SyncSGD"].client_steps, usages["SyncSGD"].bytes_per_client) == (146000, 146000 * 984)
+
+
+def test_floor_only_without_run_directories_is_one_line_and_status_2(tmp_path: Path) -> None:
+    # Records kept without their runs (as under docs/results) cannot price a floor: say where to point --out.
+    (tmp_path / "table2plus_mnist_noniid").mkdir()
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_table2.py"
+    args = ["--sweeps", "table2plus", "--columns", "mnist_noniid", "--floor-only", "--out", str(tmp_path)]
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == (
+        f"bench_table2.py: error: --floor-only: {tmp_path / 'table2plus_mnist_noniid' / 'runs'} is missing: "
+        "point --out at the sweeps' own output"
+    )
