@@ -3,6 +3,7 @@ failure as one line or a stated fallback."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from pathlib import Path
@@ -11,10 +12,10 @@ import numpy as np
 import pytest
 import yaml
 
-from stlsgd.algorithms.baselines import LocalSGDConfig
+from stlsgd.algorithms.baselines import LocalSGD, LocalSGDConfig
 from stlsgd.algorithms.registry import PlanContext
 from stlsgd.algorithms.schedules import LRCoupledConfig
-from stlsgd.algorithms.stl_sgd import STLSCConfig, STLSGDStationary
+from stlsgd.algorithms.stl_sgd import STLSGD, STLSCConfig, STLSGDStationary
 from stlsgd.cli import main
 from stlsgd.costmodel import Network, parse_network
 from stlsgd.data import load_dataset, make_partition
@@ -27,13 +28,16 @@ from stlsgd.experiments.suggest import (
     ONE_ROUND_MARGIN,
     R_NONIID,
     AtOptimum,
+    ClientsAtOptimum,
     Estimates,
+    drift_rounds,
     estimate,
     method_config,
     model_gap,
     one_round,
     propose,
     round_in_steps,
+    stl_rounds,
 )
 from stlsgd.problems.logistic import LogisticRegression
 
@@ -161,16 +165,121 @@ def test_auto_on_alike_clients_reaches_the_target_in_its_one_round(tmp_path: Pat
     assert (summary["status"], summary["rounds_to_target"]) == ("reached", 1)
 
 
-def test_the_model_at_the_optimum_is_built_only_for_alike_clients_with_a_target(tmp_path: Path) -> None:
+def test_the_models_at_the_optimum_are_built_only_with_a_target(tmp_path: Path) -> None:
     ds = load_dataset("digits49")
     problem = LogisticRegression(ds.X, ds.y)
     alike = estimate(problem, make_partition(ds.y, 4, "shared", seed=0), target_gap=1e-4, cache_dir=tmp_path)
-    assert alike.optimum is not None and len(alike.optimum.curvatures) == ds.X.shape[1]
-    # clients that differ run STL-SGD^sc + drift, which the model does not size: no d x d eigendecomposition
-    differ = estimate(problem, make_partition(ds.y, 4, "noniid", seed=0), target_gap=1e-4, cache_dir=tmp_path)
-    assert differ.zeta2 > 1e-3 * differ.sigma2 and differ.optimum is None
+    assert alike.optimum is not None and len(alike.optimum.curvatures) == ds.X.shape[1] and alike.clients is None
+    # clients that differ: each client's model instead (N eigendecompositions), which chooses between two plans
+    partition = make_partition(ds.y, 4, "noniid", seed=0)
+    differ = estimate(problem, partition, target_gap=1e-4, cache_dir=tmp_path)
+    assert differ.zeta2 > 1e-3 * differ.sigma2 and differ.optimum is None and differ.clients is not None
+    m = differ.clients
+    assert m.curvatures.shape == (4, ds.X.shape[1]) and m.bases.shape == (4, ds.X.shape[1], ds.X.shape[1])
+    # the clients' Hessians and gradients at x* are Eq. 8 on their rows: weighted by their sizes, f's
+    H0 = m.bases[0] @ np.diag(m.curvatures[0]) @ m.bases[0].T
+    rows = partition.client_rows(0)
+    assert H0 == pytest.approx(LogisticRegression(ds.X[rows], ds.y[rows], lam=problem.lam).hessian(m.x), abs=1e-12)
+    assert np.abs(partition.sizes @ m.gradients / partition.sizes.sum()).max() < 1e-9  # grad f(x*) = 0
     assert propose(differ)["drift"] is True
-    assert estimate(problem, make_partition(ds.y, 4, "shared", seed=0)).optimum is None  # no target, no model
+    no_target = estimate(problem, make_partition(ds.y, 4, "shared", seed=0))
+    assert no_target.optimum is None and no_target.clients is None
+
+
+def _clients(h: float, gradients: list[float], x: float = 1.0, noise: float = 0.0, target: float = 1e-3):
+    """Hand-made 1-D clients' models at x* = ``x``: curvature h each, their gradients at x*."""
+    n = len(gradients)
+    return ClientsAtOptimum(
+        target_gap=target,
+        x=np.array([x]),
+        hessian=np.array([[h]]),
+        curvatures=np.full((n, 1), h),
+        bases=np.ones((n, 1, 1)),
+        gradients=np.array(gradients, dtype=float)[:, None],
+        noise=noise,
+    )
+
+
+def test_the_clients_model_rounds_by_hand() -> None:
+    # One client, h = 0.5, x* = 1 (x_0 = 0: error -1), lr 0.1, k = 10 steps, no decay: S1 = 1, S2 = 0.1, S3 = 0.01,
+    # a round multiplies the error by s = exp(-0.5 - 0.25 * 0.1 / 2 - 0.125 * 0.01 / 3) = 0.598737 (= 0.95^10 to
+    # 6 digits). The gap 0.25 s^(2r) <= 1e-3 from r >= ln(0.004) / (2 ln s) = 5.38: round 6, or the evaluation at 10.
+    one = _clients(0.5, [0.0])
+    local = LocalSGD(lr=0.1, k=10)
+    assert drift_rounds(one, [local], every=1, max_rounds=100) == [6]
+    assert drift_rounds(one, [local], every=5, max_rounds=100) == [10]
+    assert drift_rounds(one, [local], every=1, max_rounds=5) == [None]  # not within max_rounds
+    assert drift_rounds(one, [local], every=1, max_rounds=100, budget=59) == [None]  # 5 rounds of 10
+    assert drift_rounds(one, [LocalSGD(lr=2.0, k=10)], every=1, max_rounds=100) == [None]  # lr h = 1: no contraction
+    # plans run side by side, each as alone: a round of 20 steps squares s (round 3: 0.25 s^12 = 5.3e-4)
+    assert drift_rounds(one, [local, LocalSGD(lr=0.1, k=20)], every=1, max_rounds=100) == [6, 3]
+    # Noise: the averaged last step's eta noise / (4 N) = 0.1 * 0.05 / 4 = 1.25e-3 > 1e-3, never without a decay.
+    # STL-SGD^sc (T_1 = 20, k_1 = 10) halves eta every two rounds at S1 = 1 a round: -ln s = 0.512917 (rounds 1-2),
+    # 0.506354 (3-4: S2 = 0.05, S3 = 0.0025), 0.503151 (5-6); after round 6 the bias is 0.25 exp(-2 x 3.044843) =
+    # 5.67e-4 and the noise 0.025 * 0.05 / 4 = 3.1e-4: 8.8e-4, under the target (after round 5: 1.55e-3 + 3.1e-4).
+    noisy = _clients(0.5, [0.0], noise=0.05)
+    stl = STLSGD(lr=0.1, T1=20, k1=10)
+    assert drift_rounds(noisy, [local, stl], every=1, max_rounds=1000) == [None, 6]
+    # Two clients with the same curvature and opposite gradients at x*: each round's fixed points and the control
+    # variates move symmetrically, so their average runs as the one client does.
+    assert drift_rounds(_clients(0.5, [0.3, -0.3]), [local], every=1, max_rounds=100) == [6]
+
+
+def test_stl_rounds_count_the_halvings_down_to_the_noise() -> None:
+    # N = 4, L = 1: eta_1 = 2; the noise's eta: 4 N target / (3 noise) = 16e-3 / 0.9 = 0.01778; log2(2 / 0.01778)
+    # = 6.81: 7 stages of two windows of max(every, 5) rounds
+    e = _estimates(num_clients=4, L=1.0)
+    assert stl_rounds(e, 0.3, 1e-3, every=5) == 70 and stl_rounds(e, 0.3, 1e-3, every=10) == 140
+    assert stl_rounds(e, 0.0, 1e-3, every=1) == 10  # no noise: one stage
+
+
+def test_clients_that_differ_get_the_models_choice_where_it_reaches_sooner_than_stationary_stages() -> None:
+    # N = 2, L = 1: lr 1/(2L) = 0.5, h = 0.5; every candidate brings the model to the target in its first round
+    # (16 steps at 0.5 already: 0.25 exp(-8)^2 ~ 3e-8); then the fewest steps: STL-SGD^sc + drift's k_1 = 16, with
+    # T_1 = 0.03 / (mu lr) = 6,000 (the first of DRIFT_LR_T1).
+    e = dataclasses.replace(_estimates(num_clients=2, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3]))
+    p = propose(e, eval_every=1)
+    assert (p["method"], p["lr"], p["T1"], p["k"], p["drift"], p["stage_end"], p["model_rounds"], p["stl_rounds"]) == (
+        "stl_sc",
+        0.5,
+        6_000,
+        16.0,
+        True,
+        "length",
+        1,
+        10,
+    )
+    alg = method_config(STLSCConfig(auto=True, batch=2), p)
+    assert isinstance(alg, STLSCConfig) and (alg.lr, alg.T1, alg.k, alg.drift, alg.batch) == (0.5, 6_000, 16.0, True, 2)
+    assert not alg.auto and alg.stage_end == "length"
+    # no candidate within the run (a budget of 10 steps: every candidate's first round is longer): the stationary
+    # stages, and why
+    q = propose(e, eval_every=1, max_iterations=10)
+    assert (q["method"], q["stage_end"]) == ("stl_sc", "stationary")
+    assert q["fallback"].startswith("no Local SGD + drift or STL-SGD^sc + drift schedule tried reaches the target")
+    # with a network auto prices rounds and steps: the capped STL-SGD^sc plan, the model not consulted
+    net = Network(1e-5, 3.2e6, 1e-6, "custom", "test")
+    assert propose(e, net)["method"] == "stl_sc"
+
+
+def test_auto_on_clients_that_differ_runs_the_models_choice(tmp_path: Path) -> None:
+    exp = Experiment.model_validate(
+        {
+            "data": {"dataset": "digits49", "num_clients": 4, "partition": "noniid"},
+            "algorithm": {"method": "stl_sc", "auto": True},
+            "run": {"eval_every": 5},
+        }
+    )
+    summary = run_experiment(exp, tmp_path / "run", progress=False)
+    ds = load_dataset("digits49")
+    problem = LogisticRegression(ds.X, ds.y)
+    e = estimate(problem, make_partition(ds.y, 4, "noniid", seed=0), target_gap=1e-4)
+    p = propose(e, eval_every=5, max_iterations=exp.run.max_iterations)
+    assert p["drift"] is True and "model_rounds" in p  # the model's choice, not the stationary stages
+    ran = summary["plan"]
+    assert (ran["name"], ran["lr"]) == (p["method"], p["lr"]) and ran.get("k", ran.get("k1")) == p["k"]
+    assert summary["rule"]["drift"] is True and summary["status"] == "reached"
+    assert summary["rounds_to_target"] <= 1.5 * p["model_rounds"]  # the model was near: 15 rounds against 20
 
 
 def test_non_iid_proposal_switches_drift_correction_on_and_ends_stages_when_stationary() -> None:

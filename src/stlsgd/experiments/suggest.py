@@ -28,6 +28,12 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   eta_t = eta_1 / (1 + mu eta_1 t), the 1/(mu t) decay of strongly convex SGD, where Algorithm 2 halves eta once a
   stage), k_1 = IID_K1_STAGES T_1 (at most the plans' cap, 2^20), no drift correction: each round is
   1 + IID_K1_STAGES times all the steps before it (up to that cap), and the lr falls smoothly inside it;
+- when the clients differ and the run has a target gap: the model at x* of each client (:class:`ClientsAtOptimum`)
+  runs drift-corrected Local SGD (SCAFFOLD, option II) on the clients' quadratics (:func:`drift_rounds`) for
+  candidate plans at one client's step 1/(2L) -- Local SGD + drift with long periods, and STL-SGD^sc + drift with
+  Algorithm 2's stages (:func:`drift_candidates`) -- and ``auto`` runs the one with the fewest rounds (then steps)
+  if that is fewer than the stationary stages below need to halve eta down to the clients' averaged noise
+  (:func:`stl_rounds`), so long periods are chosen where the control variates carry them, and not elsewhere;
 - otherwise drift correction on, and stages that end when the run is stationary (``stage_end = "stationary"``,
   :class:`~stlsgd.algorithms.stl_sgd.STLSGDStationary`: the objective is higher than five or more rounds before,
   at most T_s), and k_1 = T_1 / R, R = R_NONIID sqrt(1 + 4 zeta^2 / sigma^2) (Theorem 2's Non-IID factor), but at
@@ -49,6 +55,7 @@ Non-IID; no static rule tried held on every column.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -56,8 +63,10 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from stlsgd.algorithms.registry import MAX_STEPS, REGISTRY, MethodConfig
+from stlsgd.algorithms.plan import Cursor, Plan
+from stlsgd.algorithms.registry import MAX_STEPS, REGISTRY, MethodConfig, PlanContext
 from stlsgd.algorithms.schedules import DEFAULT_K_MAX
+from stlsgd.algorithms.stl_sgd import STATIONARY_WINDOW, STLSCConfig
 from stlsgd.costmodel import Network
 from stlsgd.data import Partition
 from stlsgd.errors import ConfigError, StlsgdError
@@ -101,6 +110,17 @@ NETWORK_CAP = 2
 # 30,000, 130, 149, the budget (docs/results/schedules.md). Without a budget, or with a network (predicted time, not
 # rounds), off.
 DIMINISHING_BUDGET = 256
+# Clients that differ, with a target gap: the plan of the clients' quadratic models at x* (:func:`drift_rounds`)
+# that reaches the target in the fewest rounds, at one client's step 1/(2L): Local SGD + drift with a period of
+# DRIFT_PERIODS and an lr_decay of DRIFT_DECAYS mu lr, or STL-SGD^sc + drift (Algorithm 2's stages) from
+# T_1 = DRIFT_LR_T1 / (mu lr) and k_1 of DRIFT_K1 -- where it is fewer than STL-SGD^sc's stationary stages need
+# (:func:`stl_rounds`). Measured on thirteen Non-IID sets, seeds 0-2 (docs/results/schedules.md, *Tuning-free
+# default*): the model chose a plan on eight, which took 1.16-6.3x fewer rounds than the stationary stages on six
+# of them and as many on two; on the other five auto runs the stationary stages as before.
+DRIFT_PERIODS = (256, 1024, 4096, 16384, 65536)
+DRIFT_DECAYS = (0.0, 0.25, 1.0, 4.0)
+DRIFT_LR_T1 = (0.03, 0.1, 0.3, 1.0)
+DRIFT_K1 = (16, 64, 256, 1024, 4096)
 
 
 def _share(sigma2: float, zeta2: float) -> float:
@@ -123,6 +143,24 @@ class AtOptimum:
 
 
 @dataclass(frozen=True)
+class ClientsAtOptimum:
+    """Each client's quadratic model of its objective f_c (Eq. 8 on its rows) at x*, which :func:`drift_rounds`
+    runs drift-corrected Local SGD on: grad f_c(x) = H_c (x - x*) + g_c."""
+
+    target_gap: float
+    #: x*, and the Hessian of f at x* (the gap is (x - x*)^T H (x - x*) / 2).
+    x: np.ndarray
+    hessian: np.ndarray
+    #: (N, d) eigenvalues of each H_c, (N, d, d) their eigenvectors (columns), and (N, d) each grad f_c(x*).
+    curvatures: np.ndarray
+    bases: np.ndarray
+    gradients: np.ndarray
+    #: The clients' own single-sample gradient variance at x*, E_c E_{i in c} ||grad f_i(x*) - grad f_c(x*)||^2:
+    #: drift correction removes the part of sigma*^2 that lies between clients, not this.
+    noise: float
+
+
+@dataclass(frozen=True)
 class Estimates:
     n: int
     d: int
@@ -134,6 +172,8 @@ class Estimates:
     zeta2: float
     #: With a target gap (f* known) and alike clients: the model at x* (else None).
     optimum: AtOptimum | None = None
+    #: With a target gap and clients that differ: each client's model at x* (else None).
+    clients: ClientsAtOptimum | None = None
 
 
 def _sample_gradients(problem: LogisticRegression, w: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray, float]:
@@ -156,6 +196,110 @@ def at_optimum(problem: LogisticRegression, target_gap: float, cache_dir: Path |
         curvatures=tuple(h.tolist()),
         weights=tuple((0.5 * h * (V.T @ w) ** 2).tolist()),
     )
+
+
+def clients_at_optimum(
+    problem: LogisticRegression, partition: Partition, target_gap: float, cache_dir: Path | None = None
+) -> ClientsAtOptimum:
+    """Each client's quadratic model at x* (:class:`ClientsAtOptimum`): N eigendecompositions of d x d."""
+    w = problem.minimizer(cache_dir)
+    G = _sample_gradients(problem, w)[0]
+    curvature = _expit(problem.y * (problem.X @ w))
+    curvature *= 1.0 - curvature
+    hs, Vs, gs, noise = [], [], [], []
+    for c in range(partition.num_clients):
+        rows = partition.client_rows(c)
+        Xc = problem.X[rows]
+        Hc = (Xc.T @ Xc.multiply(curvature[rows, None] / len(rows))).toarray() + problem.lam * np.eye(problem.dim)
+        h, V = np.linalg.eigh(Hc)
+        Gc = G[rows]
+        gc = np.asarray(Gc.mean(axis=0)).ravel()
+        hs.append(h)
+        Vs.append(V)
+        gs.append(gc + problem.lam * w)
+        noise.append(float(np.asarray(Gc.multiply(Gc).sum(axis=1)).mean() - gc @ gc))
+    return ClientsAtOptimum(
+        target_gap=target_gap,
+        x=w,
+        hessian=problem.hessian(w),
+        curvatures=np.array(hs),
+        bases=np.array(Vs),
+        gradients=np.array(gs),
+        noise=max(float(np.mean(noise)), 0.0),
+    )
+
+
+def drift_rounds(
+    m: ClientsAtOptimum,
+    plans: Sequence[Plan],
+    *,
+    batch: int = 1,
+    every: int = 1,
+    max_rounds: int,
+    budget: int | None = None,
+) -> list[int | None]:
+    """For each plan (its rounds as it gives them without feedback): the rounds it takes, with drift correction
+    (SCAFFOLD, option II), from x_0 = 0 to the target gap in the clients' quadratic models at x*, counted at
+    evaluations every ``every`` rounds; None when not within ``max_rounds`` rounds and ``budget`` steps, or once a
+    round's first step would not contract (lr h >= 1 for some client's curvature h).
+
+    Each round, client c steps from the averaged model x with its correction delta_c = c - c_c on the round's
+    learning rates eta_t: in its eigenbasis the error to its fixed point z_c = x* - H_c^-1 (g_c + delta_c) shrinks
+    by prod_t (1 - eta_t h), taken as exp(-h S1 - h^2 S2 / 2 - h^3 S3 / 3) with S_j = sum_t eta_t^j; then
+    c_c <- c_c - c + (x - y_c) / S1 (:func:`~stlsgd.executors.rules.update_control`) and x <- mean_c y_c. The
+    gap at an evaluation is the bias (x - x*)^T H (x - x*) / 2 plus the N clients' averaged noise at the round's
+    last step, eta sigma_c^2 / (4 N batch) (sigma_c^2 the clients' own variance, :attr:`ClientsAtOptimum.noise`).
+    The plans run side by side, so that each pass over the N x d x d eigenbases serves all of them."""
+    h, V = m.curvatures, m.bases
+    n, d = h.shape
+    C = len(plans)
+    cursors = [Cursor() for _ in plans]
+    e = np.tile(-m.x, (C, 1))  # x - x*, from x_0 = 0
+    control = np.zeros((C, n, d))
+    reached: list[int | None] = [None] * C
+    alive = np.ones(C, dtype=bool)
+    Vt = np.ascontiguousarray(V.transpose(0, 2, 1))
+    sums, last = np.ones((3, C)), np.zeros(C)
+    for r in range(1, max_rounds + 1):
+        for j, plan in enumerate(plans):
+            if not alive[j]:
+                continue
+            rnd = plan.next_round(cursors[j])
+            lrs = rnd.learning_rates()
+            cursors[j] = plan.advance(cursors[j], rnd)
+            if lrs[0] * h.max() >= 1.0 or (budget is not None and cursors[j].iteration > budget):
+                alive[j] = False
+                continue
+            sums[:, j] = [np.add.reduce(lrs**p) for p in (1, 2, 3)]
+            last[j] = lrs[-1]
+        if not alive.any():
+            break
+        S1, S2, S3 = (x[:, None, None] for x in sums)
+        shrink = np.exp(-h[None] * S1 - h[None] ** 2 * S2 / 2 - h[None] ** 3 * S3 / 3)  # (C, N, d)
+        delta = control.mean(axis=1, keepdims=True) - control  # (C, N, d)
+        # One pass over the bases: both vectors of every plan in client c's eigenbasis.
+        both = np.concatenate([np.broadcast_to(e[:, None, :], (C, n, d)), m.gradients[None] + delta], axis=0)
+        local = np.matmul(Vt, both.transpose(1, 2, 0))  # (N, d, 2C)
+        ue, ug = local[..., :C].transpose(2, 0, 1), local[..., C:].transpose(2, 0, 1)
+        moved = np.matmul(V, (shrink * ue - (1.0 - shrink) / h[None] * ug).transpose(1, 2, 0)).transpose(2, 0, 1)
+        control = -delta + (e[:, None, :] - moved) / S1
+        e = moved.mean(axis=1)
+        if r % every:
+            continue
+        gap = 0.5 * np.einsum("cd,de,ce->c", e, m.hessian, e) + last * m.noise / (4 * n * batch)
+        for done in np.flatnonzero(alive & (gap <= m.target_gap)).tolist():
+            reached[done] = r
+            alive[done] = False
+    return reached
+
+
+def stl_rounds(e: Estimates, noise: float, target_gap: float, every: int, batch: int = 1) -> int:
+    """The rounds STL-SGD^sc + drift (``auto``'s stationary stages) spends at least, by a count, not a model: the
+    stages that halve eta_1 = N/(2L) down to where the N clients' averaged noise, eta noise / (4 N batch), is a
+    third of the target, at two windows of the stationarity test a stage."""
+    lr_noise = 4.0 * e.num_clients * batch * target_gap / (3.0 * noise) if noise > 0 else math.inf
+    stages = max(math.ceil(math.log2(e.num_clients / (2.0 * e.L) / lr_noise)), 1) if lr_noise < math.inf else 1
+    return 2 * max(every, STATIONARY_WINDOW) * stages
 
 
 def estimate(
@@ -191,10 +335,13 @@ def estimate(
         mu=lam,
         sigma2=sigma2,
         zeta2=zeta2,
-        # The model at x* sizes only alike clients' one round (:func:`propose`): where clients differ its d x d
-        # eigendecomposition is not paid.
+        # With a target, the model at x* sizes alike clients' one round, and the clients' models (N d x d
+        # eigendecompositions) choose between the two plans of clients that differ (:func:`propose`).
         optimum=at_optimum(problem, target_gap, cache_dir)
         if target_gap is not None and _share(sigma2, zeta2) <= IID_SHARE
+        else None,
+        clients=clients_at_optimum(problem, partition, target_gap, cache_dir)
+        if target_gap is not None and _share(sigma2, zeta2) > IID_SHARE
         else None,
     )
 
@@ -264,10 +411,15 @@ def one_round(e: Estimates, lr: float, batch: int = 1, max_steps: int = MAX_STEP
 
 
 def propose(
-    e: Estimates, network: Network | None = None, batch: int = 1, max_iterations: int | None = None
+    e: Estimates,
+    network: Network | None = None,
+    batch: int = 1,
+    max_iterations: int | None = None,
+    eval_every: int = 1,
 ) -> dict[str, Any]:
     """The settings ``algorithm.auto`` runs with (see the module docstring), and why; ``max_iterations`` is the
-    run's budget, which the one round of alike clients fits in."""
+    run's budget, which the one round of alike clients fits in; ``eval_every`` the rounds between the run's
+    evaluations, at which the clients' model counts rounds as the run does."""
     share = _share(e.sigma2, e.zeta2)
     # sigma^2 = 0: every sample has the same gradient at x_0, nothing to average away and no clients differ.
     fallback = "sigma^2 = 0 (every sample's gradient at x_0 is the same): treated as IID" if e.sigma2 <= 0 else None
@@ -308,6 +460,15 @@ def propose(
             "drift": False,
             "fallback": fallback,
         }
+    if e.clients is not None and network is None:
+        pick = drift_pick(e, e.clients, batch, max_iterations, eval_every)
+        if pick is not None:
+            return pick
+        fallback = (
+            f"no Local SGD + drift or STL-SGD^sc + drift schedule tried reaches the target in the clients' models at "
+            f"x* in fewer than "
+            f"{stl_rounds(e, e.clients.noise, e.clients.target_gap, eval_every, batch)} rounds (STL-SGD^sc's count)"
+        )
     k = max(T1 // math.ceil(R_NONIID * math.sqrt(1 + 4 * share)), min(MIN_K1, T1 // 2), 1)
     k_max = None
     if network is not None:
@@ -334,11 +495,69 @@ def propose(
     }
 
 
+def drift_pick(
+    e: Estimates, m: ClientsAtOptimum, batch: int, max_iterations: int | None, eval_every: int
+) -> dict[str, Any] | None:
+    """The plan of :func:`drift_candidates` that reaches the target in the fewest rounds of :func:`drift_rounds`
+    (then the fewest steps), if fewer than :func:`stl_rounds`; else None (STL-SGD^sc's stationary stages)."""
+    stl = stl_rounds(e, m.noise, m.target_gap, eval_every, batch)
+    candidates = drift_candidates(e, m, batch)
+    context = PlanContext(num_samples=e.n, num_clients=e.num_clients, lam=e.mu, iid=False)
+    plans = [method_config(STLSCConfig(auto=True, batch=batch), c).plan(context) for c in candidates]
+    rounds = drift_rounds(m, plans, batch=batch, every=eval_every, max_rounds=stl - 1, budget=max_iterations)
+    found = [(r, i) for i, r in enumerate(rounds) if r is not None]
+    if not found:
+        return None
+    # the fewest rounds, then the fewest steps to them (the candidates' order breaks what is left)
+    r, i = min(found, key=lambda f: (f[0], _steps_to(plans[f[1]], f[0]), f[1]))
+    return {**candidates[i], "model_rounds": r, "stl_rounds": stl, "fallback": None}
+
+
+def drift_candidates(e: Estimates, m: ClientsAtOptimum, batch: int) -> list[dict[str, Any]]:
+    """What :func:`drift_pick` chooses from, at one client's step 1/(2L) (each client runs alone for a round):
+    Local SGD + drift with a period of DRIFT_PERIODS and an lr_decay of DRIFT_DECAYS mu lr, and STL-SGD^sc + drift
+    with Algorithm 2's stages (eta halves, T and k double) from T_1 = DRIFT_LR_T1 / (mu lr) and k_1 of
+    DRIFT_K1 (at most T_1)."""
+    lr = 1.0 / (2.0 * e.L)
+    local = [
+        {"method": "local_sgd", "lr": lr, "lr_decay": decay * e.mu * lr, "k": float(k), "drift": True}
+        for decay in DRIFT_DECAYS
+        for k in DRIFT_PERIODS
+    ]
+    stagewise = []
+    for scale in DRIFT_LR_T1:
+        T1 = max(int(math.ceil(scale / (e.mu * lr))), 1)
+        stagewise += [
+            {
+                "method": "stl_sc",
+                "lr": lr,
+                "T1": T1,
+                "k": float(k),
+                "drift": True,
+                "iid": True,
+                "stage_end": "length",
+                "rounds_per_stage": math.ceil(T1 / k),
+            }
+            for k in DRIFT_K1
+            if k <= T1
+        ]
+    return local + stagewise
+
+
+def _steps_to(plan: Plan, rounds: int) -> int:
+    """The iterations of ``plan``'s first ``rounds`` rounds."""
+    cursor = Cursor()
+    for _ in range(rounds):
+        cursor = plan.advance(cursor, plan.next_round(cursor))
+    return cursor.iteration
+
+
 def method_config(auto: MethodConfig, proposal: dict[str, Any]) -> MethodConfig:
     """The method ``auto`` (an STL-SGD^sc config with ``auto = true``) runs: the proposal's method and settings,
     with the fields auto does not set (batch, the outer step) as given."""
     kept = auto.model_dump(include={"batch", "outer_lr", "outer_momentum"})
-    fields = {k: v for k, v in proposal.items() if k not in ("T1", "rounds_per_stage", "fallback", "model_gap")}
+    dropped = ("T1", "rounds_per_stage", "fallback", "model_gap", "model_rounds", "stl_rounds")
+    fields = {k: v for k, v in proposal.items() if k not in dropped}
     if proposal["method"] == "stl_sc":
         fields["T1"] = proposal["T1"]
     return REGISTRY[proposal["method"]].model_validate({**kept, **fields})
@@ -346,7 +565,26 @@ def method_config(auto: MethodConfig, proposal: dict[str, Any]) -> MethodConfig:
 
 def report(e: Estimates, proposal: dict[str, Any], network: Network | None = None) -> str:
     t2 = theorem2(e)
-    if proposal["method"] == "stl_sc":
+    if "model_rounds" in proposal:
+        if proposal["method"] == "local_sgd":
+            plan = (
+                f"Local SGD + drift correction, lr = {proposal['lr']:.6g} (1/(2L)), lr_decay = "
+                f"{proposal['lr_decay']:.6g} (eta_t = lr / (1 + lr_decay t)), k = {proposal['k']:.0f}"
+            )
+        else:
+            plan = (
+                f"STL-SGD^sc + drift correction, lr = {proposal['lr']:.6g} (1/(2L)), T1 = {proposal['T1']}, k = "
+                f"{proposal['k']:g} ({proposal['rounds_per_stage']} rounds a stage; eta halves, T and k double)"
+            )
+        rule = (
+            f"{plan}: in the clients' quadratic models at x* it reaches the target in {proposal['model_rounds']} "
+            f"rounds, the fewest of Local SGD + drift (k in {', '.join(map(str, DRIFT_PERIODS))}, lr_decay in "
+            f"{{{', '.join(f'{d:g}' for d in DRIFT_DECAYS)}}} mu lr) and STL-SGD^sc + drift (lr T1 in "
+            f"{{{', '.join(f'{d:g}' for d in DRIFT_LR_T1)}}} / mu, k in {', '.join(map(str, DRIFT_K1))}), and fewer "
+            f"than the {proposal['stl_rounds']} STL-SGD^sc's stationary stages would take (eta halved down to the "
+            "clients' averaged noise, two windows of the stationarity test a stage)"
+        )
+    elif proposal["method"] == "stl_sc":
         rule = (
             f"STL-SGD^sc, lr = {proposal['lr']:.6g} (N/(2L)), T1 = {proposal['T1']} (1/(mu lr)), k = "
             f"{proposal['k']:g} (at most {proposal['rounds_per_stage']} rounds a stage), drift = true, a stage ends "
@@ -429,7 +667,7 @@ def proposal_for(exp: Any, built: Any, network: Network | None = None) -> tuple[
     """The estimates of a built experiment and what ``auto`` runs on it: its run's target, batch and budget
     passed on, the same for ``algorithm.auto`` and ``stlsgd suggest``."""
     e = estimates_for(built, exp.run.target_gap)
-    return e, propose(e, network, exp.algorithm.batch, exp.run.max_iterations)
+    return e, propose(e, network, exp.algorithm.batch, exp.run.max_iterations, exp.run.eval_every)
 
 
 __all__ = [
