@@ -182,6 +182,9 @@ def test_the_models_at_the_optimum_are_built_only_with_a_target(tmp_path: Path) 
     assert H0 == pytest.approx(LogisticRegression(ds.X[rows], ds.y[rows], lam=problem.lam).hessian(m.x), abs=1e-12)
     assert np.abs(partition.sizes @ m.gradients / partition.sizes.sum()).max() < 1e-9  # grad f(x*) = 0
     assert propose(differ)["drift"] is True
+    # with a network auto does not consult them (it prices time): proposal_for asks for none
+    unasked = estimate(problem, partition, target_gap=1e-4, cache_dir=tmp_path, client_models=False)
+    assert unasked.clients is None and unasked.zeta2 == differ.zeta2
     no_target = estimate(problem, make_partition(ds.y, 4, "shared", seed=0))
     assert no_target.optimum is None and no_target.clients is None
 

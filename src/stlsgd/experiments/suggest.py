@@ -308,9 +308,11 @@ def estimate(
     iterations: int = 200,
     target_gap: float | None = None,
     cache_dir: Path | None = None,
+    client_models: bool = True,
 ) -> Estimates:
     """The constants of Theorem 2 for ``problem`` on ``partition`` (see the module docstring), and with a target
-    gap the model at x* :func:`one_round` plans from."""
+    gap the model at x* :func:`one_round` plans from, or where clients differ (and ``client_models``) each client's,
+    :func:`drift_pick`'s."""
     X, lam, n = problem.X, problem.lam, problem.num_samples
     v = np.random.default_rng(0).standard_normal(X.shape[1])
     L = 0.0
@@ -341,7 +343,7 @@ def estimate(
         if target_gap is not None and _share(sigma2, zeta2) <= IID_SHARE
         else None,
         clients=clients_at_optimum(problem, partition, target_gap, cache_dir)
-        if target_gap is not None and _share(sigma2, zeta2) > IID_SHARE
+        if client_models and target_gap is not None and _share(sigma2, zeta2) > IID_SHARE
         else None,
     )
 
@@ -465,9 +467,9 @@ def propose(
         if pick is not None:
             return pick
         fallback = (
-            f"no Local SGD + drift or STL-SGD^sc + drift schedule tried reaches the target in the clients' models at "
-            f"x* in fewer than "
-            f"{stl_rounds(e, e.clients.noise, e.clients.target_gap, eval_every, batch)} rounds (STL-SGD^sc's count)"
+            "no Local SGD + drift or STL-SGD^sc + drift schedule tried reaches the target in the clients' models at x* "
+            f"in fewer than {stl_rounds(e, e.clients.noise, e.clients.target_gap, eval_every, batch)} rounds (the "
+            "stationary stages' count)"
         )
     k = max(T1 // math.ceil(R_NONIID * math.sqrt(1 + 4 * share)), min(MIN_K1, T1 // 2), 1)
     k_max = None
@@ -501,7 +503,7 @@ def drift_pick(
     """The plan of :func:`drift_candidates` that reaches the target in the fewest rounds of :func:`drift_rounds`
     (then the fewest steps), if fewer than :func:`stl_rounds`; else None (STL-SGD^sc's stationary stages)."""
     stl = stl_rounds(e, m.noise, m.target_gap, eval_every, batch)
-    candidates = drift_candidates(e, m, batch)
+    candidates = drift_candidates(e)
     context = PlanContext(num_samples=e.n, num_clients=e.num_clients, lam=e.mu, iid=False)
     plans = [method_config(STLSCConfig(auto=True, batch=batch), c).plan(context) for c in candidates]
     rounds = drift_rounds(m, plans, batch=batch, every=eval_every, max_rounds=stl - 1, budget=max_iterations)
@@ -513,7 +515,7 @@ def drift_pick(
     return {**candidates[i], "model_rounds": r, "stl_rounds": stl, "fallback": None}
 
 
-def drift_candidates(e: Estimates, m: ClientsAtOptimum, batch: int) -> list[dict[str, Any]]:
+def drift_candidates(e: Estimates) -> list[dict[str, Any]]:
     """What :func:`drift_pick` chooses from, at one client's step 1/(2L) (each client runs alone for a round):
     Local SGD + drift with a period of DRIFT_PERIODS and an lr_decay of DRIFT_DECAYS mu lr, and STL-SGD^sc + drift
     with Algorithm 2's stages (eta halves, T and k double) from T_1 = DRIFT_LR_T1 / (mu lr) and k_1 of
@@ -652,28 +654,37 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
     return "\n".join(lines)
 
 
-def estimates_for(built: Any, target_gap: float | None = None) -> Estimates:
+def estimates_for(built: Any, target_gap: float | None = None, client_models: bool = True) -> Estimates:
     """Estimates of a built experiment (with its run's target gap: the model at x*, from the cached optimum the
-    run measures its gap against); a one-line error where the problem is not Eq. 8."""
+    run measures its gap against; the clients' models unless ``client_models`` is false); a one-line error where the
+    problem is not Eq. 8."""
     if not isinstance(built.problem, LogisticRegression):
         raise ConfigError(
             "problem.kind: suggest estimates the constants of Eq. 8 (logistic regression); for "
             "networks, docs/distributed.md has measured guidance"
         )
-    return estimate(built.problem, built.partition, target_gap=target_gap, cache_dir=cache_dir())
+    return estimate(
+        built.problem, built.partition, target_gap=target_gap, cache_dir=cache_dir(), client_models=client_models
+    )
 
 
 def proposal_for(exp: Any, built: Any, network: Network | None = None) -> tuple[Estimates, dict[str, Any]]:
     """The estimates of a built experiment and what ``auto`` runs on it: its run's target, batch and budget
     passed on, the same for ``algorithm.auto`` and ``stlsgd suggest``."""
-    e = estimates_for(built, exp.run.target_gap)
+    # With a network auto prices time and runs the capped stationary stages: the clients' models are not consulted.
+    e = estimates_for(built, exp.run.target_gap, client_models=network is None)
     return e, propose(e, network, exp.algorithm.batch, exp.run.max_iterations, exp.run.eval_every)
 
 
 __all__ = [
     "AtOptimum",
+    "ClientsAtOptimum",
     "Estimates",
     "asdict",
+    "clients_at_optimum",
+    "drift_candidates",
+    "drift_pick",
+    "drift_rounds",
     "estimate",
     "estimates_for",
     "model_gap",
@@ -682,5 +693,6 @@ __all__ = [
     "proposal_for",
     "report",
     "round_in_steps",
+    "stl_rounds",
     "theorem2",
 ]
