@@ -170,7 +170,7 @@ def test_the_models_at_the_optimum_are_built_only_with_a_target(tmp_path: Path) 
     problem = LogisticRegression(ds.X, ds.y)
     alike = estimate(problem, make_partition(ds.y, 4, "shared", seed=0), target_gap=1e-4, cache_dir=tmp_path)
     assert alike.optimum is not None and len(alike.optimum.curvatures) == ds.X.shape[1] and alike.clients is None
-    # clients that differ: each client's model instead (N eigendecompositions), which chooses between two plans
+    # clients that differ: each client's model instead (N eigendecompositions), which chooses their plan
     partition = make_partition(ds.y, 4, "noniid", seed=0)
     differ = estimate(problem, partition, target_gap=1e-4, cache_dir=tmp_path)
     assert differ.zeta2 > 1e-3 * differ.sigma2 and differ.optimum is None and differ.clients is not None
@@ -185,8 +185,8 @@ def test_the_models_at_the_optimum_are_built_only_with_a_target(tmp_path: Path) 
     # with a network auto does not consult them (it prices time): proposal_for asks for none
     unasked = estimate(problem, partition, target_gap=1e-4, cache_dir=tmp_path, client_models=False)
     assert unasked.clients is None and unasked.zeta2 == differ.zeta2
-    no_target = estimate(problem, make_partition(ds.y, 4, "shared", seed=0))
-    assert no_target.optimum is None and no_target.clients is None
+    for no_target in (estimate(problem, make_partition(ds.y, 4, "shared", seed=0)), estimate(problem, partition)):
+        assert no_target.optimum is None and no_target.clients is None
 
 
 def _clients(h: float, gradients: list[float], x: float = 1.0, noise: float = 0.0, target: float = 1e-3):
