@@ -33,7 +33,7 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   candidate plans at one client's step 1/(2L) -- Local SGD + drift with long periods, and STL-SGD^sc + drift with
   Algorithm 2's stages (:func:`drift_candidates`) -- and ``auto`` runs the one with the fewest rounds (then steps)
   if that is fewer than the stationary stages below need to halve eta down to the clients' averaged noise
-  (:func:`stl_rounds`), so long periods are chosen where the control variates carry them, and not elsewhere;
+  (:func:`stl_rounds`): long periods where the model has the control variates carry them, short ones elsewhere;
 - otherwise drift correction on, and stages that end when the run is stationary (``stage_end = "stationary"``,
   :class:`~stlsgd.algorithms.stl_sgd.STLSGDStationary`: the objective is higher than five or more rounds before,
   at most T_s), and k_1 = T_1 / R, R = R_NONIID sqrt(1 + 4 zeta^2 / sigma^2) (Theorem 2's Non-IID factor), but at
