@@ -181,8 +181,13 @@ def _sample_gradients(problem: LogisticRegression, w: np.ndarray) -> tuple[sp.cs
     out), their mean, and sigma^2 = E_i ||grad f_i(w) - grad f(w)||^2, which that shared term does not change."""
     y = problem.y
     G = sp.diags(-y * _expit(-y * (problem.X @ w))) @ problem.X
+    return G, *_spread(G)
+
+
+def _spread(G: sp.csr_matrix) -> tuple[np.ndarray, float]:
+    """The mean of the rows of ``G`` and their variance, E_i ||G_i - mean||^2 (at least 0)."""
     g = np.asarray(G.mean(axis=0)).ravel()
-    return G, g, max(float(np.asarray(G.multiply(G).sum(axis=1)).mean() - g @ g), 0.0)
+    return g, max(float(np.asarray(G.multiply(G).sum(axis=1)).mean() - g @ g), 0.0)
 
 
 def at_optimum(problem: LogisticRegression, target_gap: float, cache_dir: Path | None = None) -> AtOptimum:
@@ -204,20 +209,15 @@ def clients_at_optimum(
     """Each client's quadratic model at x* (:class:`ClientsAtOptimum`): N eigendecompositions of d x d."""
     w = problem.minimizer(cache_dir)
     G = _sample_gradients(problem, w)[0]
-    curvature = _expit(problem.y * (problem.X @ w))
-    curvature *= 1.0 - curvature
     hs, Vs, gs, noise = [], [], [], []
     for c in range(partition.num_clients):
         rows = partition.client_rows(c)
-        Xc = problem.X[rows]
-        Hc = (Xc.T @ Xc.multiply(curvature[rows, None] / len(rows))).toarray() + problem.lam * np.eye(problem.dim)
-        h, V = np.linalg.eigh(Hc)
-        Gc = G[rows]
-        gc = np.asarray(Gc.mean(axis=0)).ravel()
+        h, V = np.linalg.eigh(problem.hessian(w, rows))
+        gc, spread = _spread(G[rows])
         hs.append(h)
         Vs.append(V)
         gs.append(gc + problem.lam * w)
-        noise.append(float(np.asarray(Gc.multiply(Gc).sum(axis=1)).mean() - gc @ gc))
+        noise.append(spread)
     return ClientsAtOptimum(
         target_gap=target_gap,
         x=w,
@@ -225,7 +225,7 @@ def clients_at_optimum(
         curvatures=np.array(hs),
         bases=np.array(Vs),
         gradients=np.array(gs),
-        noise=max(float(np.mean(noise)), 0.0),
+        noise=float(np.mean(noise)),
     )
 
 
@@ -259,7 +259,7 @@ def drift_rounds(
     reached: list[int | None] = [None] * C
     alive = np.ones(C, dtype=bool)
     Vt = np.ascontiguousarray(V.transpose(0, 2, 1))
-    sums, last = np.ones((3, C)), np.zeros(C)
+    sums, last = np.ones((3, C)), np.zeros(C)  # a plan that stops keeps its last sums (S1 > 0: no 0 / 0)
     for r in range(1, max_rounds + 1):
         for j, plan in enumerate(plans):
             if not alive[j]:
@@ -463,13 +463,13 @@ def propose(
             "fallback": fallback,
         }
     if e.clients is not None and network is None:
-        pick = drift_pick(e, e.clients, batch, max_iterations, eval_every)
+        stl = stl_rounds(e, e.clients.noise, e.clients.target_gap, eval_every, batch)
+        pick = drift_pick(e, e.clients, stl, batch, max_iterations, eval_every)
         if pick is not None:
             return pick
         fallback = (
             "no Local SGD + drift or STL-SGD^sc + drift schedule tried reaches the target in the clients' models at x* "
-            f"in fewer than {stl_rounds(e, e.clients.noise, e.clients.target_gap, eval_every, batch)} rounds (the "
-            "stationary stages' count)"
+            f"in fewer than {stl} rounds (the stationary stages' count)"
         )
     k = max(T1 // math.ceil(R_NONIID * math.sqrt(1 + 4 * share)), min(MIN_K1, T1 // 2), 1)
     k_max = None
@@ -498,11 +498,10 @@ def propose(
 
 
 def drift_pick(
-    e: Estimates, m: ClientsAtOptimum, batch: int, max_iterations: int | None, eval_every: int
+    e: Estimates, m: ClientsAtOptimum, stl: int, batch: int, max_iterations: int | None, eval_every: int
 ) -> dict[str, Any] | None:
     """The plan of :func:`drift_candidates` that reaches the target in the fewest rounds of :func:`drift_rounds`
-    (then the fewest steps), if fewer than :func:`stl_rounds`; else None (STL-SGD^sc's stationary stages)."""
-    stl = stl_rounds(e, m.noise, m.target_gap, eval_every, batch)
+    (then the fewest steps), if fewer than ``stl``, the stationary stages' count (:func:`stl_rounds`); else None."""
     candidates = drift_candidates(e)
     context = PlanContext(num_samples=e.n, num_clients=e.num_clients, lam=e.mu, iid=False)
     plans = [method_config(STLSCConfig(auto=True, batch=batch), c).plan(context) for c in candidates]

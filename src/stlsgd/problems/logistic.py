@@ -360,11 +360,13 @@ class LogisticRegression:
                 break
         return w, self.loss(w)
 
-    def hessian(self, w: np.ndarray) -> np.ndarray:
-        """The objective's Hessian at ``w``, dense d x d: X^T diag(p (1 - p) / n) X + lambda I."""
-        p = _expit(self.y * (self.X @ w))
-        curvature = p * (1.0 - p) / self.num_samples
-        return (self.X.T @ self.X.multiply(curvature[:, None])).toarray() + self.lam * np.eye(self.dim)
+    def hessian(self, w: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """The objective's Hessian at ``w``, dense d x d: X^T diag(p (1 - p) / n) X + lambda I; with ``rows``, that
+        of Eq. 8 on those rows alone (a client's objective: their mean loss and the same L2 term)."""
+        X, y = (self.X, self.y) if rows is None else (self.X[rows], self.y[rows])
+        p = _expit(y * (X @ w))
+        curvature = p * (1.0 - p) / X.shape[0]
+        return (X.T @ X.multiply(curvature[:, None])).toarray() + self.lam * np.eye(self.dim)
 
     def fingerprint(self) -> str:
         h = hashlib.sha256()
