@@ -19,6 +19,7 @@ from stlsgd.algorithms.stl_sgd import STLSGD, STLSCConfig, STLSGDStationary
 from stlsgd.cli import main
 from stlsgd.costmodel import Network, parse_network
 from stlsgd.data import load_dataset, make_partition
+from stlsgd.experiments import suggest
 from stlsgd.experiments.build import build
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
@@ -187,6 +188,33 @@ def test_the_models_at_the_optimum_are_built_only_with_a_target(tmp_path: Path) 
     assert unasked.clients is None and unasked.zeta2 == differ.zeta2
     for no_target in (estimate(problem, make_partition(ds.y, 4, "shared", seed=0)), estimate(problem, partition)):
         assert no_target.optimum is None and no_target.clients is None
+
+
+def test_clients_models_too_large_to_build_are_skipped_and_the_fallback_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ds = load_dataset("digits49")
+    problem = LogisticRegression(ds.X, ds.y)
+    partition = make_partition(ds.y, 4, "noniid", seed=0)
+    size = 4 * ds.X.shape[1] ** 2  # N d^2 = 16,384
+    monkeypatch.setattr(suggest, "CLIENT_MODEL_SIZE", size)  # at the cap: built
+    assert estimate(problem, partition, target_gap=1e-4, cache_dir=tmp_path).clients is not None
+    monkeypatch.setattr(suggest, "CLIENT_MODEL_SIZE", size - 1)
+    over = estimate(problem, partition, target_gap=1e-4, cache_dir=tmp_path)
+    assert over.clients is None and over.clients_skipped is not None and "N d^2 = 1.64e+04" in over.clients_skipped
+    p = propose(over, max_iterations=10**6, eval_every=5)
+    assert p["method"] == "stl_sc" and p["stage_end"] == "stationary" and p["fallback"] == over.clients_skipped
+    # alike clients, no target, or a network: nothing to skip, nothing said
+    assert (
+        estimate(
+            problem, make_partition(ds.y, 4, "shared", seed=0), target_gap=1e-4, cache_dir=tmp_path
+        ).clients_skipped
+        is None
+    )
+    assert estimate(problem, partition).clients_skipped is None
+    assert (
+        estimate(problem, partition, target_gap=1e-4, cache_dir=tmp_path, client_models=False).clients_skipped is None
+    )
 
 
 def _clients(h: float, gradients: list[float], x: float = 1.0, noise: float = 0.0, target: float = 1e-3):

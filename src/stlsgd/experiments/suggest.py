@@ -28,12 +28,13 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   eta_t = eta_1 / (1 + mu eta_1 t), the 1/(mu t) decay of strongly convex SGD, where Algorithm 2 halves eta once a
   stage), k_1 = IID_K1_STAGES T_1 (at most the plans' cap, 2^20), no drift correction: each round is
   1 + IID_K1_STAGES times all the steps before it (up to that cap), and the lr falls smoothly inside it;
-- when the clients differ and the run has a target gap: the model at x* of each client (:class:`ClientsAtOptimum`)
-  runs drift-corrected Local SGD (SCAFFOLD, option II) on the clients' quadratics (:func:`drift_rounds`) for
-  candidate plans at one client's step 1/(2L) -- Local SGD + drift with long periods, and STL-SGD^sc + drift with
-  Algorithm 2's stages (:func:`drift_candidates`) -- and ``auto`` runs the one with the fewest rounds (then steps)
-  if that is fewer than the stationary stages below need to halve eta down to the clients' averaged noise
-  (:func:`stl_rounds`): long periods where the model has the control variates carry them, short ones elsewhere;
+- when the clients differ and the run has a target gap (and N d^2 <= CLIENT_MODEL_SIZE): the model at x* of each
+  client (:class:`ClientsAtOptimum`) runs drift-corrected Local SGD (SCAFFOLD, option II) on the clients'
+  quadratics (:func:`drift_rounds`) for candidate plans at one client's step 1/(2L) -- Local SGD + drift with long
+  periods, and STL-SGD^sc + drift with Algorithm 2's stages (:func:`drift_candidates`) -- and ``auto`` runs the one
+  with the fewest rounds (then steps) if that is fewer than the stationary stages below need to halve eta down to
+  the clients' averaged noise (:func:`stl_rounds`): long periods where the model has the control variates carry
+  them, short ones elsewhere;
 - otherwise drift correction on, and stages that end when the run is stationary (``stage_end = "stationary"``,
   :class:`~stlsgd.algorithms.stl_sgd.STLSGDStationary`: the objective is higher than five or more rounds before,
   at most T_s), and k_1 = T_1 / R, R = R_NONIID sqrt(1 + 4 zeta^2 / sigma^2) (Theorem 2's Non-IID factor), but at
@@ -121,6 +122,11 @@ DRIFT_PERIODS = (256, 1024, 4096, 16384, 65536)
 DRIFT_DECAYS = (0.0, 0.25, 1.0, 4.0)
 DRIFT_LR_T1 = (0.03, 0.1, 0.3, 1.0)
 DRIFT_K1 = (16, 64, 256, 1024, 4096)
+# The clients' models cost N eigendecompositions of d x d and, every model round, two products with their N x d x d
+# eigenbases: both grow as N d^2. Measured with `stlsgd suggest` on this 2-core machine: MNIST 4/9, 32 clients x
+# 784^2 = 2.0e7, 45 s and 0.7 GB; 16 clients of 2,000 features, 6.4e7, 433 s and 2.0 GB, longer than the run it
+# plans. Above CLIENT_MODEL_SIZE (N d^2) they are not built, and auto runs the stationary stages.
+CLIENT_MODEL_SIZE = 2**25
 
 
 def _share(sigma2: float, zeta2: float) -> float:
@@ -174,6 +180,8 @@ class Estimates:
     optimum: AtOptimum | None = None
     #: With a target gap and clients that differ: each client's model at x* (else None).
     clients: ClientsAtOptimum | None = None
+    #: Why the clients' models were not built where they would have been (their size), for suggest to say.
+    clients_skipped: str | None = None
 
 
 def _sample_gradients(problem: LogisticRegression, w: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray, float]:
@@ -328,6 +336,14 @@ def estimate(
         [np.asarray(G[partition.client_rows(c)].mean(axis=0)).ravel() for c in range(partition.num_clients)]
     )
     zeta2 = max(float(np.mean(np.sum((clients - g) ** 2, axis=1))), 0.0)
+    differ = target_gap is not None and _share(sigma2, zeta2) > IID_SHARE
+    size = partition.num_clients * X.shape[1] ** 2
+    skipped = (
+        f"the clients' models at x* not built: N d^2 = {size:.3g} is over {CLIENT_MODEL_SIZE:.3g} (their cost "
+        "grows as N d^2; MNIST 4/9's 2.0e7 took 45 s)"
+        if client_models and differ and size > CLIENT_MODEL_SIZE
+        else None
+    )
     return Estimates(
         n=n,
         d=X.shape[1],
@@ -343,8 +359,9 @@ def estimate(
         if target_gap is not None and _share(sigma2, zeta2) <= IID_SHARE
         else None,
         clients=clients_at_optimum(problem, partition, target_gap, cache_dir)
-        if client_models and target_gap is not None and _share(sigma2, zeta2) > IID_SHARE
+        if target_gap is not None and client_models and differ and skipped is None
         else None,
+        clients_skipped=skipped,
     )
 
 
@@ -471,6 +488,8 @@ def propose(
             "no Local SGD + drift or STL-SGD^sc + drift schedule tried reaches the target in the clients' models at x* "
             f"in fewer than {stl} rounds (the stationary stages' count)"
         )
+    elif network is None and e.clients_skipped is not None:
+        fallback = e.clients_skipped
     k = max(T1 // math.ceil(R_NONIID * math.sqrt(1 + 4 * share)), min(MIN_K1, T1 // 2), 1)
     k_max = None
     if network is not None:
