@@ -164,6 +164,33 @@ def test_sweep_on_a_dask_cluster_chooses_what_the_local_pool_chooses(
     _check_complete(config, out)
 
 
+def test_a_rows_bundles_on_two_workers_prune_each_other(
+    cluster: tuple[str, Path], tmp_path: Path, shared_data: Path
+) -> None:
+    """One row of two settings goes out as two bundles, one a worker: the run that cannot reach the target in
+    its budget hears of the other's round through the cluster's bounds, read from the bundle's own run threads,
+    and is pruned instead of running to its budget."""
+    address, _ = cluster
+    config = tmp_path / "row.toml"
+    # A budget the slow run would take many seconds to spend, far longer than the bounds take to arrive.
+    config.write_text(SWEEP.split("[[methods]]")[0].replace("max_rounds = 3000", "max_rounds = 100000") + ROW)
+    out = tmp_path / "out"
+    args = ["sweep", str(config), "--out", str(out), "--cluster", address, "--quiet", "--data-dir", str(shared_data)]
+    assert main(args) == 0
+    grid = {r["settings"]["lr"]: r for r in read_results(out) if r["phase"] == "grid"}
+    assert grid[0.4]["status"] == "reached"
+    assert grid[1e-5]["status"] == "pruned" and grid[1e-5]["rounds"] >= grid[0.4]["rounds_to_target"]
+
+
+ROW = """
+[[methods]]
+method = "local_sgd"
+label = "Local SGD"
+grid = { lr = [0.4, 1e-5], k = [20] }
+fixed = { lr_decay = 1e-2 }
+"""
+
+
 def test_a_worker_killed_in_a_run_loses_and_duplicates_nothing(
     cluster: tuple[str, Path], config: Path, local_best: dict, tmp_path: Path, shared_data: Path
 ) -> None:

@@ -199,6 +199,7 @@ class _Loop:
     sparse: Sparse | None = None
     #: The last evaluation skipped by ``sparse``: its metrics line (no evaluation yet) and its averaged model.
     pending: tuple[dict[str, Any], State] | None = None
+    clock: Callable[[], float] = time.perf_counter
 
     def feedback(self, state: RunState) -> Feedback:
         return Feedback(objective=state.objective) if self.plan.adaptive else NO_FEEDBACK
@@ -219,6 +220,7 @@ def run(
     align: int | None = None,
     rule: RoundRule = PLAIN,
     sparse: Sparse | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> RunState:
     """Run ``plan`` from ``state`` until a stop rule fires; returns the final state (status set).
 
@@ -227,7 +229,9 @@ def run(
     the group's last round; groups end at every multiple of ``align`` rounds, so a caller that checkpoints
     every ``align`` rounds sees each of those rounds. ``sparse`` skips the evaluations it proves useless
     (:class:`Sparse`); it is ignored (every due point evaluated) for adaptive plans, which read the
-    objective, for an accuracy target, and where this process does not hold every client."""
+    objective, for an accuracy target, and where this process does not hold every client. ``clock`` gives the
+    run's wall time (``state.wall_s``, the metrics' ``wall_s``): a sweep's runs that take turns in one process
+    count only their own turns."""
     if plan.adaptive or stop.target_accuracy is not None or not topology.holds_all:
         sparse = None
     sampler.set_state(state.sampler_state)
@@ -239,10 +243,11 @@ def run(
         topology,
         fstar,
         on_metrics,
-        time.perf_counter() - state.wall_s,
+        clock() - state.wall_s,
         sampler.partition.num_clients,
         rule,
         sparse,
+        clock=clock,
     )
     if rule.drift and state.control is None:
         zeros = {k: zeros_like(state.clients[k]) for k in problem.param_names}
@@ -302,7 +307,7 @@ def run(
         # The budget ended the run between evaluations: record the final model once more.
         last = rnd or plan.next_round(state.cursor, loop.feedback(state))
         _record(loop, last, float(last.learning_rates()[-1]), state)
-    state.wall_s = time.perf_counter() - loop.started
+    state.wall_s = loop.clock() - loop.started
     return state
 
 
@@ -449,7 +454,7 @@ def _line(loop: _Loop, rnd: Round, lr: float, state: RunState) -> dict[str, Any]
         "bytes_per_client": state.bytes // (2 * loop.num_clients),
         "compute_s": round(state.compute_s, 6),
         "comm_s": round(state.comm_s, 6),
-        "wall_s": round(time.perf_counter() - loop.started, 6),
+        "wall_s": round(loop.clock() - loop.started, 6),
     }
 
 

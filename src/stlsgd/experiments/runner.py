@@ -52,6 +52,7 @@ def run_experiment(
     inject_latency_s: float = 0.0,
     tensorboard: Path | None = None,
     sparse_eval: int | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> dict[str, Any] | None:
     """Run ``exp`` into ``out`` (see :mod:`stlsgd.experiments.rundir` for the files); return the summary
     (None on ranks other than 0).
@@ -63,7 +64,9 @@ def run_experiment(
     ``inject_latency_s`` (``--backend dist`` only) waits that long before every average, as a slower network
     would (the cost model's validation); ``tensorboard`` also writes every metrics line as TensorBoard scalars
     into that directory (rank 0); ``sparse_eval=N`` (sweeps) skips the evaluations proved unable to end the
-    run (:func:`_sparse`), keeping every N-th evaluation point (every N * ``run.eval_every`` rounds; 0: none).
+    run (:func:`_sparse`), keeping every N-th evaluation point (every N * ``run.eval_every`` rounds; 0: none);
+    ``clock`` (simulator) measures the run's wall time (default ``time.perf_counter``: sweeps' runs that take
+    turns in one process count only their own turns).
     """
     check_checkpoint_every(checkpoint_every)
     out = Path(out)
@@ -82,7 +85,7 @@ def run_experiment(
     if backend == "sim":
         if inject_latency_s:
             raise ConfigError("--inject-latency: only with --backend dist (it delays the collectives)")
-        return _run(distributed.ALONE, exp, out, **options)
+        return _run(distributed.ALONE, exp, out, **options, clock=clock or time.perf_counter)
     if backend != "dist":
         raise ConfigError(f"--backend: unknown backend {backend!r} (sim or dist)")
     share_cores(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # ranks on one machine split its cores
@@ -114,6 +117,7 @@ def _run(
     keep_params: bool,
     tensorboard: Path | None,
     sparse_eval: int | None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Any] | None:
     n_clients = exp.data.num_clients
     rundir = RunDirectory(out, exp, keep_params=keep_params) if job.is_root else None
@@ -152,7 +156,7 @@ def _run(
         if start.state is None:  # ended before: rank 0 holds the summary
             return start.summary if job.is_root else None
         sparse = _sparse(exp, b, fstar, sparse_eval) if job.alone and not start.checkpoint_every else None
-        return _rounds(job, exp, b, start, fstar, rundir, on_round, progress, out, tensorboard, sparse)
+        return _rounds(job, exp, b, start, fstar, rundir, on_round, progress, out, tensorboard, sparse, clock)
     finally:
         if rundir is not None:
             rundir.close()
@@ -170,6 +174,7 @@ def _rounds(
     out: Path,
     tensorboard: Path | None,
     sparse: Sparse | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Any] | None:
     n_clients = exp.data.num_clients
     topology = job.topology(n_clients)
@@ -249,6 +254,7 @@ def _rounds(
                     align=start.checkpoint_every,
                     rule=b.rule,
                     sparse=sparse,
+                    clock=clock,
                 )
     except Exception as exc:
         if not job.alone and distributed.is_comm_failure(exc):

@@ -7,9 +7,10 @@ final parameters) come back with the result, to be written under ``OUT`` here. S
 no file system with the submitting machine works, and a killed submitting process is resumed with the same
 command as a local sweep is (``results.jsonl`` says what is done).
 
-Pruning bounds: the submitting process holds them. Each run is sent with the bounds of its rows as they are
-when it is submitted, and reads the newer ones from a Dask ``Variable`` (which this process sets as results
-arrive) at most once a second: a run that can no longer win stops soon after a better one finished anywhere.
+Pruning bounds: the submitting process holds them. Each bundle of runs (:func:`.worker.run_bundle`) is sent with
+the bounds of its rows as they are when it is submitted, and reads the newer ones from a Dask ``Variable`` at
+most every ``REFRESH_S``; this process lowers it as results arrive, and a worker as soon as one of its runs reaches
+the target: a run that can no longer win stops soon after a better one finished anywhere.
 
 A worker lost in the middle of a run (killed, out of memory, its node gone): Dask's scheduler gives its
 tasks to other workers by itself; a task that killed several workers comes back as ``KilledWorker``, and the
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from stlsgd.errors import StlsgdError
-from stlsgd.experiments.sweeps.worker import NO_BOUND, run_task
+from stlsgd.experiments.sweeps.worker import NO_BOUND, run_bundle
 from stlsgd.files import fsync_dir
 from stlsgd.threads import share_cores
 
@@ -97,6 +98,7 @@ class DaskPool:
                 "and its workers with `dask worker ADDRESS`"
             ) from None
         self.executor = self.client.get_executor(pure=False)
+        self.width = max(1, sum(self.client.nthreads().values()))  # bundles of one row that run side by side
         self.bounds = [NO_BOUND] * labels
         self.variable = distributed.Variable(f"stlsgd-sweep-bounds-{uuid.uuid4().hex}", client=self.client)
         self.variable.set(list(self.bounds))
@@ -105,11 +107,11 @@ class DaskPool:
     def lower(self, slot: int, rounds: int) -> None:
         if rounds < self.bounds[slot]:
             self.bounds[slot] = rounds
-            self.variable.set(list(self.bounds))
+            _merge(self.variable, self.bounds)
 
-    def submit(self, task: dict[str, Any]) -> Future:
-        snapshot = {i: self.bounds[i] for i in task["slots"]}
-        return self.executor.submit(remote_run, task, self.data_dir, self.variable.name, snapshot, self.cores)
+    def submit(self, tasks: list[dict[str, Any]]) -> Future:
+        snapshot = {i: self.bounds[i] for t in tasks for i in t["slots"]}
+        return self.executor.submit(remote_run, tasks, self.data_dir, self.variable.name, snapshot, self.cores)
 
     def collect(self, result: dict[str, Any], key: str) -> dict[str, Any]:
         """Write the run's files into ``OUT/runs/<key>/`` (replacing an earlier, failed or pruned attempt)."""
@@ -180,10 +182,21 @@ def undo_dask_malloc_trim() -> bool:
         return False
 
 
+def _merge(variable: Any, bounds: list[int]) -> None:
+    """Lower the cluster's bounds to ``bounds`` where they are higher. Not atomic: a write lost to a race between
+    two writers leaves a bound higher than it could be, which only prunes later."""
+    try:
+        latest = variable.get(timeout=CONNECT_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 -- none set yet, or the scheduler is slow: set ours
+        latest = bounds
+    variable.set([min(a, b) for a, b in zip(latest, bounds)])
+
+
 def remote_run(
-    task: dict[str, Any], data_dir: str | None, variable: str, snapshot: dict[int, int], cores: int
-) -> dict[str, Any]:
-    """Run one setting on a Dask worker; returns its summary and its files' content (the directory is dropped)."""
+    tasks: list[dict[str, Any]], data_dir: str | None, variable: str, snapshot: dict[int, int], cores: int
+) -> list[dict[str, Any]]:
+    """Run a bundle of settings on a Dask worker; returns, per task, its summary and its files' content (the
+    directories are dropped), or its error."""
     import distributed
 
     undo_dask_malloc_trim()
@@ -191,7 +204,8 @@ def remote_run(
         share_cores(cores)
         _SHARED[:] = [cores]
     bounds = dict(snapshot)
-    var = distributed.Variable(variable)
+    # The bundle's runs read it from threads of their own, which only a Variable given its client can serve.
+    var = distributed.Variable(variable, client=distributed.get_client())
     checked = [time.monotonic()]
 
     def bound(slots: list[int]) -> int:
@@ -200,16 +214,29 @@ def remote_run(
             checked[0] = now
             try:
                 latest = var.get(timeout=REFRESH_S)
-                bounds.update({i: min(bounds[i], latest[i]) for i in slots})
+                bounds.update({i: min(bounds[i], latest[i]) for i in bounds})
             except Exception:  # noqa: BLE001 -- the bounds only save time: a late one never changes a result
                 pass
         return max(bounds[i] for i in slots)
 
+    def lower(slots: list[int], rounds: int) -> None:
+        for i in slots:
+            bounds[i] = min(bounds[i], rounds)
+        try:
+            latest = var.get(timeout=REFRESH_S)
+            var.set([min(b, rounds) if i in slots else b for i, b in enumerate(latest)])
+        except Exception:  # noqa: BLE001 -- as above: the other workers then hear of it from the submitting process
+            pass
+
     scratch = Path(tempfile.mkdtemp(prefix="stlsgd-run-"))
     try:
-        out = scratch / "run"
-        summary = run_task(task, out, data_dir, bound)
-        files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and not p.name.startswith(".")}
+        outs = [scratch / str(i) for i in range(len(tasks))]
+        results = run_bundle(tasks, outs, data_dir, bound, lower)
+        for out, result in zip(outs, results):
+            if "summary" in result:
+                result["files"] = {
+                    p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and not p.name.startswith(".")
+                }
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return {"summary": summary, "files": files}
+    return results

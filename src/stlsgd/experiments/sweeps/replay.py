@@ -222,17 +222,19 @@ def _run(
             # had no bound), its closest one; neither was stopped by a bound. The figures want every
             # evaluation point, not the coarse curve a sweep run may keep: ``every_evaluation``.
             task = {"config": rep.spec.config, "key": rep.key, "slots": [], "every_evaluation": True}
-            pending[pool.submit(task)] = slot
+            pending[pool.submit([task])] = slot
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
                 rep = replays[pending.pop(fut)]
                 try:
-                    summary, error = fut.result(), None
-                except StlsgdError:
-                    raise  # the run's own input error (no data there, ...): one line, nothing kept of it
+                    (result,) = fut.result()
                 except Exception as exc:  # noqa: BLE001 -- compared (and reported) as a failed run
-                    summary, error = None, "".join(traceback.format_exception(exc))[-2000:]
+                    result = {"error": "".join(traceback.format_exception(exc))[-2000:], "input_error": False}
+                if result.get("input_error"):
+                    # The run's own input error (no data there, ...): one line, nothing kept of it.
+                    raise StlsgdError(result["error"])
+                summary, error = result.get("summary"), result.get("error")
                 replayed = make_record(rep.spec, summary, error)
                 rows = " / ".join(repr(label) for label in rep.labels)
                 if same_outcome(replayed, rep.record):

@@ -2,9 +2,10 @@
 the results file, the choice of each row's best setting and its seed reruns.
 
 ``stlsgd sweep`` runs every setting (or, with ``search = "descent"``, the walk of :mod:`.search`) in worker
-processes that each load the data once, appends each run's record to ``OUT/results.jsonl`` as soon as it ends
-(fsync'd: a crash loses nothing, and a rerun skips every run already there, keyed by a hash of the resolved
-config), keeps each run's files under ``OUT/runs/<key>/``, picks per label the setting with the fewest rounds to
+processes that each load the data once, a row's settings in bundles whose runs take turns a round at a time
+(:func:`.worker.run_bundle`), appends each run's record to ``OUT/results.jsonl`` as soon as its bundle ends
+(fsync'd: a crash loses only the bundles in flight, and a rerun skips every run already there, keyed by a hash
+of the resolved config), keeps each run's files under ``OUT/runs/<key>/``, picks per label the setting with the fewest rounds to
 target, reruns it with the extra seeds and writes ``OUT/best.json``. One sweep at a time writes into an ``OUT``
 (a lock names the holder's pid).
 """
@@ -45,8 +46,15 @@ from stlsgd.files import LockedError, lock_directory
 log = logging.getLogger(__name__)
 
 
+# Most runs a bundle holds at once (each keeps its state in memory while the others take their turns).
+BUNDLE_MAX = 128
+
+Bundle = list[list[RunSpec]]  # runs (each: the specs of one distinct config) that take turns in one task
+
+
 class LocalPool:
-    """A process pool on this machine; the pruning bounds live in shared memory that workers read every round."""
+    """A process pool on this machine; the pruning bounds live in shared memory that workers read every round
+    and lower as their runs reach the target."""
 
     def __init__(self, labels: int, out: Path, jobs: int, data_dir: str | None) -> None:
         ctx = mp.get_context("spawn")  # numba and torch are not fork-safe; workers start clean
@@ -62,15 +70,17 @@ class LocalPool:
         }
         self.executor = ProcessPoolExecutor(**self._args)
         self.generation = 0  # counts restarts: a run of an older, broken pool does not break the new one
+        self.width = jobs  # bundles of one row that run side by side
 
     def lower(self, slot: int, rounds: int) -> None:
         self.bound[slot] = min(self.bound[slot], rounds)
 
-    def submit(self, task: dict[str, Any]) -> Future:
-        return self.executor.submit(execute, {**task, "out": str(self.out / "runs" / task["key"])})
+    def submit(self, tasks: list[dict[str, Any]]) -> Future:
+        """A bundle of runs (:func:`~stlsgd.experiments.sweeps.worker.run_bundle`); the future gives one item per task."""
+        return self.executor.submit(execute, [{**t, "out": str(self.out / "runs" / t["key"])} for t in tasks])
 
     def collect(self, result: dict[str, Any], key: str) -> dict[str, Any]:
-        return result  # the worker wrote the run's files into OUT/runs/<key>/ itself
+        return result["summary"]  # the worker wrote the run's files into OUT/runs/<key>/ itself
 
     def lost(self, exc: BaseException) -> bool:
         return isinstance(exc, BrokenProcessPool)
@@ -101,7 +111,7 @@ class Scheduler:
                 self.pool.lower(i, best["rounds_to_target"])
         self.done_count = 0
         self.fault = faults.from_env()
-        self.lost: dict[str, int] = {}  # key -> times its worker process died under it
+        self.lost: dict[tuple[str, ...], int] = {}  # a bundle's keys -> times its worker process died under it
 
     def _done(self, spec: RunSpec) -> bool:
         return any(r["key"] == spec.key and r["label"] == spec.label and r["status"] != "failed" for r in self.records)
@@ -123,38 +133,48 @@ class Scheduler:
     def run(self, specs: list[RunSpec], more: Callable[[set[str]], list[RunSpec]] | None = None) -> None:
         """Run ``specs``; with ``more``, also what ``more(busy)`` asks for whenever a row ends its runs (``busy``:
         the labels with runs still going), until it asks for nothing."""
-        pending: dict[Future, tuple[list[RunSpec], int]] = {}  # future -> its runs and the pool's generation
+        pending: dict[Future, tuple[Bundle, int]] = {}  # future -> its runs and the pool's generation
         self._start(specs, pending)
         self._feed(more, pending)
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
-                group, generation = pending.pop(fut)
-                key = group[0].key
+                bundle, generation = pending.pop(fut)
                 try:
-                    summary, error = self.pool.collect(fut.result(), key), None
-                except StlsgdError as exc:  # a run's own input error: one line, recorded
-                    summary, error = None, str(exc)
+                    results = fut.result()
                 except Exception as exc:  # noqa: BLE001 -- a worker error is recorded; the sweep goes on
-                    if not self.pool.lost(exc):
-                        summary, error = None, "".join(traceback.format_exception(exc))[-2000:]
-                    else:
-                        # A worker process died (killed, out of memory) under this run: it is run again, and
-                        # recorded as failed if that happens twice. A process pool breaks as a whole: each of
-                        # its runs comes here and goes to one fresh pool.
-                        self.lost[key] = self.lost.get(key, 0) + 1
-                        if self.lost[key] < 2:
-                            if generation == self.pool.generation:
-                                self.pool.restart()
-                            pending[self._submit(group)] = (group, self.pool.generation)
-                            continue
-                        summary, error = None, "its worker process died twice (killed, or out of memory?)"
-                for spec in group:
-                    self._keep(make_record(spec, summary, error))
+                    if self.pool.lost(exc):
+                        self._resubmit(bundle, generation, pending)
+                        continue
+                    message = "".join(traceback.format_exception(exc))[-2000:]
+                    results = [{"error": message}] * len(bundle)
+                for group, result in zip(bundle, results):
+                    summary, error = None, result.get("error")
+                    if error is None:
+                        summary = self.pool.collect(result, group[0].key)
+                    for spec in group:
+                        self._keep(make_record(spec, summary, error))
             self._feed(more, pending)
 
-    def _start(self, specs: list[RunSpec], pending: dict[Future, tuple[list[RunSpec], int]]) -> None:
-        """Submit the specs not already recorded, one run per distinct config."""
+    def _resubmit(self, bundle: Bundle, generation: int, pending: dict[Future, tuple[Bundle, int]]) -> None:
+        """A worker process died (killed, out of memory) under this bundle: its runs are run again; a bundle lost
+        twice runs again one run at a time, and a run lost twice alone is recorded as failed. A process pool
+        breaks as a whole: each of its bundles comes here and goes to one fresh pool."""
+        if generation == self.pool.generation:
+            self.pool.restart()
+        keys = tuple(group[0].key for group in bundle)
+        self.lost[keys] = self.lost.get(keys, 0) + 1
+        if self.lost[keys] < 2:
+            pending[self._submit(bundle)] = (bundle, self.pool.generation)
+        elif len(bundle) > 1:
+            for group in bundle:
+                pending[self._submit([group])] = ([group], self.pool.generation)
+        else:
+            for spec in bundle[0]:
+                self._keep(make_record(spec, None, "its worker process died twice (killed, or out of memory?)"))
+
+    def _start(self, specs: list[RunSpec], pending: dict[Future, tuple[Bundle, int]]) -> None:
+        """Submit the specs not already recorded, one run per distinct config, in bundles (:meth:`_bundles`)."""
         groups: dict[str, list[RunSpec]] = {}
         for spec in specs:
             if self._done(spec):
@@ -166,28 +186,47 @@ class Scheduler:
                 self._keep({**make_record(spec, None, None), **{k: prior.get(k) for k in RESULT_FIELDS}})
                 continue
             groups.setdefault(spec.key, []).append(spec)
-        for group in groups.values():
-            pending[self._submit(group)] = (group, self.pool.generation)
+        for bundle in self._bundles(list(groups.values())):
+            pending[self._submit(bundle)] = (bundle, self.pool.generation)
+
+    def _bundles(self, groups: list[list[RunSpec]]) -> list[Bundle]:
+        """The runs a row may prune, split into as many bundles as the pool runs side by side (every
+        ``width``-th run, so that each holds the row's range of settings), at most BUNDLE_MAX runs each; every
+        other run (seed reruns, a sweep without pruning) alone."""
+        rows: dict[str, list[list[RunSpec]]] = {}
+        alone: list[Bundle] = []
+        for group in groups:
+            if self._slots(group):
+                rows.setdefault(group[0].label, []).append(group)
+            else:
+                alone.append([group])
+        bundles: list[Bundle] = []
+        for row in rows.values():
+            n = max(min(len(row), max(1, self.pool.width)), -(-len(row) // BUNDLE_MAX))
+            bundles.extend(row[j::n] for j in range(n))
+        return bundles + alone
 
     def _feed(
-        self, more: Callable[[set[str]], list[RunSpec]] | None, pending: dict[Future, tuple[list[RunSpec], int]]
+        self, more: Callable[[set[str]], list[RunSpec]] | None, pending: dict[Future, tuple[Bundle, int]]
     ) -> None:
         # A row whose next runs are all recorded already (a resumed sweep) asks again at once.
         while more is not None:
-            specs = more({s.label for group, _ in pending.values() for s in group})
+            specs = more({s.label for bundle, _ in pending.values() for group in bundle for s in group})
             if not specs:
                 return
             self._start(specs, pending)
 
-    def _submit(self, group: list[RunSpec]) -> Future:
+    def _slots(self, group: list[RunSpec]) -> list[int]:
         # Seed reruns are the reported figures: never cut short. A config shared by several labels is
         # hopeless only once it is hopeless for all of them.
-        slots = (
-            []
-            if group[0].phase == "seed" or not self.sweep.prune
-            else sorted({self.sweep.labels.index(s.label) for s in group})
+        if group[0].phase == "seed" or not self.sweep.prune:
+            return []
+        return sorted({self.sweep.labels.index(s.label) for s in group})
+
+    def _submit(self, bundle: Bundle) -> Future:
+        return self.pool.submit(
+            [{"config": group[0].config, "key": group[0].key, "slots": self._slots(group)} for group in bundle]
         )
-        return self.pool.submit({"config": group[0].config, "key": group[0].key, "slots": slots})
 
     def close(self) -> None:
         self.pool.close()
