@@ -203,7 +203,8 @@ def run_bundle(
         if lower is not None:
             lower(slots, rounds)
 
-    results: list[dict[str, Any]] = [{} for _ in range(n)]
+    # What a run that ends without either (a BaseException in its thread) leaves in its place.
+    results: list[dict[str, Any]] = [{"error": "the run ended without a result", "input_error": False}] * n
     turns = _Turns(n)
 
     def one(i: int) -> None:
