@@ -20,8 +20,14 @@ from stlsgd.experiments.sweeps.worker import NO_BOUND, run_bundle
 CONFIG = {"data": {"dataset": "digits49", "num_clients": 4}, "algorithm": {"method": "local_sgd", "lr": 0.1}}
 
 
+@pytest.fixture
+def no_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs whose rounds a test plays itself (``runner.run_experiment`` replaced) need no data built."""
+    monkeypatch.setattr(worker, "_built_for", lambda exp, data_dir: SimpleNamespace(dataset=SimpleNamespace(n=1)))
+
+
 def test_runs_take_turns_by_rounds_and_stop_where_the_first_reaches(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_data: None
 ) -> None:
     """Four runs of one row that would reach the target at rounds 12, 5, never (a budget of 40) and 8: the one at
     5 reaches, each other stops at round 5, and the rounds went 1, 1, 1, 1, 2, 2, ... in the bundle's order."""
@@ -46,7 +52,6 @@ def test_runs_take_turns_by_rounds_and_stop_where_the_first_reaches(
                 return {"status": st.status, "rounds": st.round, "wall_s": clock() - began}
 
     monkeypatch.setattr(runner, "run_experiment", fake_run)
-    monkeypatch.setattr(worker, "_built_for", lambda exp, data_dir: SimpleNamespace(dataset=SimpleNamespace(n=1)))
     tasks = [{"config": CONFIG, "key": name, "slots": [0]} for name in reach]
     lowered: list[tuple[list[int], int]] = []
     started = time.perf_counter()
@@ -63,7 +68,9 @@ def test_runs_take_turns_by_rounds_and_stop_where_the_first_reaches(
     assert all(0.009 < w < total / 2 for w in walls), (walls, total)
 
 
-def test_a_bundle_keeps_each_run_an_error_of_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_bundle_keeps_each_run_an_error_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_data: None
+) -> None:
     """A run that raises ends alone: the others of its bundle go on, and the error comes back in its place."""
 
     def fake_run(exp: Any, out: Path, *, on_round: Any, clock: Any, **_: Any) -> dict[str, Any]:
@@ -76,7 +83,6 @@ def test_a_bundle_keeps_each_run_an_error_of_its_own(monkeypatch: pytest.MonkeyP
         return {"status": "budget", "rounds": st.round}
 
     monkeypatch.setattr(runner, "run_experiment", fake_run)
-    monkeypatch.setattr(worker, "_built_for", lambda exp, data_dir: SimpleNamespace(dataset=SimpleNamespace(n=1)))
     names = ["good", "bad", "also"]
     tasks = [{"config": CONFIG, "key": name, "slots": [0]} for name in names]
     results = run_bundle(tasks, [tmp_path / n for n in names], None, lambda slots: NO_BOUND)

@@ -52,7 +52,7 @@ def run_experiment(
     inject_latency_s: float = 0.0,
     tensorboard: Path | None = None,
     sparse_eval: int | None = None,
-    clock: Callable[[], float] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Any] | None:
     """Run ``exp`` into ``out`` (see :mod:`stlsgd.experiments.rundir` for the files); return the summary
     (None on ranks other than 0).
@@ -65,8 +65,8 @@ def run_experiment(
     would (the cost model's validation); ``tensorboard`` also writes every metrics line as TensorBoard scalars
     into that directory (rank 0); ``sparse_eval=N`` (sweeps) skips the evaluations proved unable to end the
     run (:func:`_sparse`), keeping every N-th evaluation point (every N * ``run.eval_every`` rounds; 0: none);
-    ``clock`` (simulator) measures the run's wall time (default ``time.perf_counter``: sweeps' runs that take
-    turns in one process count only their own turns).
+    ``clock`` (simulator) measures the run's wall time (sweeps' runs that take turns in one process count only
+    their own turns).
     """
     check_checkpoint_every(checkpoint_every)
     out = Path(out)
@@ -85,7 +85,7 @@ def run_experiment(
     if backend == "sim":
         if inject_latency_s:
             raise ConfigError("--inject-latency: only with --backend dist (it delays the collectives)")
-        return _run(distributed.ALONE, exp, out, **options, clock=clock or time.perf_counter)
+        return _run(distributed.ALONE, exp, out, **options, clock=clock)
     if backend != "dist":
         raise ConfigError(f"--backend: unknown backend {backend!r} (sim or dist)")
     share_cores(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # ranks on one machine split its cores
@@ -196,7 +196,7 @@ def _rounds(
         outer_momentum=like(s.outer_momentum),
     )
     b.problem.warm_up()
-    started = time.perf_counter() - state.wall_s
+    started = clock() - state.wall_s
     every = start.checkpoint_every
     fault = faults.from_env()  # $STLSGD_FAULT: a test's kill after a chosen round
 
@@ -204,7 +204,7 @@ def _rounds(
         verdict = on_round(st, rnd) if on_round is not None else None
         # Every rank takes part (per-client control variates are gathered); rank 0 writes.
         if every and not verdict and st.status == "running" and st.round % every == 0:
-            full = _full(dataclasses.replace(st, wall_s=time.perf_counter() - started), n_clients, topology)
+            full = _full(dataclasses.replace(st, wall_s=clock() - started), n_clients, topology)
             if rundir is not None:
                 rundir.checkpoint(full)
         if fault is not None:

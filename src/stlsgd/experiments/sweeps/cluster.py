@@ -107,7 +107,10 @@ class DaskPool:
     def lower(self, slot: int, rounds: int) -> None:
         if rounds < self.bounds[slot]:
             self.bounds[slot] = rounds
-            _merge(self.variable, self.bounds)
+            try:
+                _lower_cluster(self.variable, [slot], rounds, CONNECT_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 -- the scheduler is slow: set ours (at worst it raises a worker's lower one)
+                self.variable.set(list(self.bounds))
 
     def submit(self, tasks: list[dict[str, Any]]) -> Future:
         snapshot = {i: self.bounds[i] for t in tasks for i in t["slots"]}
@@ -182,14 +185,12 @@ def undo_dask_malloc_trim() -> bool:
         return False
 
 
-def _merge(variable: Any, bounds: list[int]) -> None:
-    """Lower the cluster's bounds to ``bounds`` where they are higher. Not atomic: a write lost to a race between
-    two writers leaves a bound higher than it could be, which only prunes later."""
-    try:
-        latest = variable.get(timeout=CONNECT_TIMEOUT_S)
-    except Exception:  # noqa: BLE001 -- none set yet, or the scheduler is slow: set ours
-        latest = bounds
-    variable.set([min(a, b) for a, b in zip(latest, bounds)])
+def _lower_cluster(variable: Any, slots: list[int], rounds: int, timeout: float) -> None:
+    """Lower the cluster's bounds of ``slots`` to ``rounds`` where they are higher (the submitting process and the
+    workers alike). Not atomic: a write lost to a race between two writers leaves a bound higher than it could be,
+    which only prunes later."""
+    latest = variable.get(timeout=timeout)
+    variable.set([min(b, rounds) if i in slots else b for i, b in enumerate(latest)])
 
 
 def remote_run(
@@ -223,8 +224,7 @@ def remote_run(
         for i in slots:
             bounds[i] = min(bounds[i], rounds)
         try:
-            latest = var.get(timeout=REFRESH_S)
-            var.set([min(b, rounds) if i in slots else b for i, b in enumerate(latest)])
+            _lower_cluster(var, slots, rounds, REFRESH_S)
         except Exception:  # noqa: BLE001 -- as above: the other workers then hear of it from the submitting process
             pass
 

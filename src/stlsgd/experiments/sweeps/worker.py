@@ -104,7 +104,7 @@ def run_task(
     *,
     reached: Lower | None = None,
     turn: Callable[[int], None] | None = None,
-    clock: Callable[[], float] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Any]:
     """Run one setting into ``out``; returns its summary plus the number of samples.
 
