@@ -313,6 +313,20 @@ def test_auto_on_clients_that_differ_runs_the_models_choice(tmp_path: Path) -> N
     assert summary["rounds_to_target"] <= 1.5 * p["model_rounds"]  # the model was near: 15 rounds against 20
 
 
+def test_stagewise_candidates_end_no_stage_on_a_round_of_under_a_quarter_period() -> None:
+    # A last round of 3 steps (2,819 = 11 x 256 + 3) is dropped; one of 129 (641 = 2 x 256 + 129) is kept, as is
+    # a stage that would be left with no round (100 steps at k 256), and one of whole rounds.
+    assert suggest.whole_rounds(2_819, 256) == 2_816
+    assert suggest.whole_rounds(641, 256) == 641
+    assert suggest.whole_rounds(300, 256) == 256 and suggest.whole_rounds(100, 256) == 100
+    assert suggest.whole_rounds(512, 256) == 512
+    # lr = 1/(2L) = 0.25, mu = 1e-5: T_1 = 0.1 / (mu lr) = 40,000 = 39 x 1,024 + 64 -> 39,936 at k_1 = 1,024 (64 < 256)
+    # and 120,000 = 117 x 1,024 + 192 -> 119,808; 40,000 = 9 x 4,096 + 3,136 stays; so do 16, 64 and 256 (0 or >= k/4)
+    stl = {(c["T1"], c["k"]) for c in suggest.drift_candidates(_estimates()) if c["method"] == "stl_sc"}
+    assert {(39_936, 1024.0), (119_808, 1024.0), (40_000, 4096.0), (40_000, 256.0), (12_000, 64.0)} <= stl
+    assert (40_000, 1024.0) not in stl and all(T % k == 0 or T % k >= k / 4 for T, k in stl)
+
+
 def test_non_iid_proposal_switches_drift_correction_on_and_ends_stages_when_stationary() -> None:
     # eta_1 = 8, T_1 = 12,500 as IID; zeta^2/sigma^2 = 0.75: R = ceil(32 sqrt(1 + 3)) = 64, k_1 = floor(12,500/64)
     p = propose(_estimates(zeta2=0.75))
