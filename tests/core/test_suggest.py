@@ -314,11 +314,11 @@ def test_auto_on_clients_that_differ_runs_the_models_choice(tmp_path: Path) -> N
 
 
 def test_stagewise_candidates_end_no_stage_on_a_round_of_under_a_quarter_period() -> None:
-    # A last round of 3 steps (2,819 = 11 x 256 + 3) is dropped; one of 129 (641 = 2 x 256 + 129) is kept, as is
-    # a stage that would be left with no round (100 steps at k 256), and one of whole rounds.
+    # A last round of 3 steps (2,819 = 11 x 256 + 3) or of 44 (300 = 256 + 44) is dropped; one of 129 (641 = 2 x 256
+    # + 129) is kept, as are a stage that would be left with no round (40 steps at k 256) and one of whole rounds.
     assert suggest.whole_rounds(2_819, 256) == 2_816
     assert suggest.whole_rounds(641, 256) == 641
-    assert suggest.whole_rounds(300, 256) == 256 and suggest.whole_rounds(100, 256) == 100
+    assert suggest.whole_rounds(300, 256) == 256 and suggest.whole_rounds(40, 256) == 40
     assert suggest.whole_rounds(512, 256) == 512
     # lr = 1/(2L) = 0.25, mu = 1e-5: T_1 = 0.1 / (mu lr) = 40,000 = 39 x 1,024 + 64 -> 39,936 at k_1 = 1,024 (64 < 256)
     # and 120,000 = 117 x 1,024 + 192 -> 119,808; 40,000 = 9 x 4,096 + 3,136 stays; so do 16, 64 and 256 (0 or >= k/4)
