@@ -547,21 +547,22 @@ def drift_candidates(e: Estimates) -> list[dict[str, Any]]:
     stagewise = []
     for scale in DRIFT_LR_T1:
         T1 = max(int(math.ceil(scale / (e.mu * lr))), 1)
-        stagewise += [
-            {
-                "method": "stl_sc",
-                "lr": lr,
-                "T1": T,
-                "k": float(k),
-                "drift": True,
-                "iid": True,
-                "stage_end": "length",
-                "rounds_per_stage": math.ceil(T / k),
-            }
-            for k in DRIFT_K1
-            if k <= T1
-            for T in (whole_rounds(T1, k),)
-        ]
+        for k in DRIFT_K1:
+            if k > T1:
+                continue
+            T = whole_rounds(T1, k)
+            stagewise.append(
+                {
+                    "method": "stl_sc",
+                    "lr": lr,
+                    "T1": T,
+                    "k": float(k),
+                    "drift": True,
+                    "iid": True,
+                    "stage_end": "length",
+                    "rounds_per_stage": math.ceil(T / k),
+                }
+            )
     return local + stagewise
 
 
