@@ -10,6 +10,7 @@ import pytest
 
 from stlsgd.algorithms import LocalSGD
 from stlsgd.data import make_partition
+from stlsgd.executors import simulator
 from stlsgd.executors.averaging import OuterNesterov
 from stlsgd.executors.sampling import Sampler
 from stlsgd.executors.simulator import RoundRule, StopRule, init_run_state, run
@@ -43,8 +44,11 @@ def test_one_drift_round_by_hand() -> None:
     assert state["w"][1, 0] == pytest.approx(-0.25 - 0.25 * (g2b + 1.0), rel=1e-14)
 
 
-def _scaffold_reference(ds, problem, partition, plan, rounds: int, seed: int, outer: OuterNesterov | None):
-    """SCAFFOLD option II with full participation (and optionally DiLoCo's outer step), one client at a time."""
+def _scaffold_reference(
+    ds, problem, partition, plan, rounds: int, seed: int, outer: OuterNesterov | None, window: int | None = None
+):
+    """SCAFFOLD option II with full participation (and optionally DiLoCo's outer step), one client at a time;
+    with ``window``, each c_i from the client's model after the round's first ``window`` steps."""
     X, y, lam = ds.X.toarray(), ds.y, problem.lam
     n_clients, d = partition.num_clients, X.shape[1]
     sampler = Sampler(partition, seed)
@@ -58,10 +62,13 @@ def _scaffold_reference(ds, problem, partition, plan, rounds: int, seed: int, ou
         rows = sampler.draw(rnd.steps, rnd.batch)
         lrs = rnd.learning_rates()
         ys = np.tile(x, (n_clients, 1))
+        m_steps = len(lrs) if window is None else min(window, len(lrs))
         for t, lr in enumerate(lrs):
             for i in range(n_clients):
                 ys[i] -= lr * (_grad(X, y, lam, ys[i], rows[t, i, 0]) - c_i[i] + c)
-        c_i = c_i - c + (x - ys) / lrs.sum()
+            if t + 1 == m_steps:
+                at_window = ys.copy()
+        c_i = c_i - c + (x - at_window) / lrs[:m_steps].sum()
         c = c_i.mean(axis=0)
         avg = ys.mean(axis=0)
         if outer is None:
@@ -73,8 +80,21 @@ def _scaffold_reference(ds, problem, partition, plan, rounds: int, seed: int, ou
     return x
 
 
-@pytest.mark.parametrize("outer", [None, OuterNesterov(lr=0.7, momentum=0.9)], ids=["drift", "drift+outer"])
-def test_the_round_loop_is_scaffold_and_diloco(digits, outer: OuterNesterov | None) -> None:
+@pytest.mark.parametrize(
+    ("outer", "window", "chunk_samples"),
+    [
+        (None, None, None),
+        (OuterNesterov(lr=0.7, momentum=0.9), None, None),
+        (None, 3, None),  # c_i from the first 3 of every round's 5 steps
+        (None, 3, 8),  # and with the round drawn in slices of 2 steps (8 samples / 4 clients): 2 + 1 | 2
+    ],
+    ids=["drift", "drift+outer", "drift window", "drift window, sliced round"],
+)
+def test_the_round_loop_is_scaffold_and_diloco(
+    digits, monkeypatch, outer: OuterNesterov | None, window: int | None, chunk_samples: int | None
+) -> None:
+    if chunk_samples is not None:
+        monkeypatch.setattr(simulator, "SAMPLES_PER_CHUNK", chunk_samples)
     ds, problem = digits
     partition = make_partition(ds.y, 4, "noniid", seed=0, s=0)
     plan = LocalSGD(lr=0.5, k=5, lr_decay=0.05)  # the lr changes within every round
@@ -86,9 +106,9 @@ def test_the_round_loop_is_scaffold_and_diloco(digits, outer: OuterNesterov | No
         StopRule(max_rounds=6),
         init_run_state(problem, sampler, 4, 7),
         progress=False,
-        rule=RoundRule(drift=True, outer=outer),
+        rule=RoundRule(drift=True, drift_window=window, outer=outer),
     )
-    want = _scaffold_reference(ds, problem, partition, plan, 6, 7, outer)
+    want = _scaffold_reference(ds, problem, partition, plan, 6, 7, outer, window)
     np.testing.assert_allclose(state.clients["w"][0], want, rtol=1e-10, atol=1e-13)
     assert np.abs(state.control["w"]).max() > 1e-3  # the control variates are doing something
     assert state.bytes == 6 * 2 * 4 * 64 * 8 * 2  # a round sends the model and the control variate
@@ -145,3 +165,55 @@ def test_stl_with_drift_grows_k_by_two_and_resumes_across_a_period_change_bit_fo
     with np.load(tmp_path / "whole" / "final_params.npz") as a, np.load(tmp_path / "cut" / "final_params.npz") as b:
         assert np.array_equal(a["w"], b["w"])
     assert (tmp_path / "whole" / "metrics.jsonl").read_text().count("\n") == 20
+
+
+def test_a_drift_window_changes_the_control_variates_only() -> None:
+    """From a window as long as the round, the control variates are option II's; a shorter one changes them, and
+    the models only through them (the round's samples and steps are the same)."""
+    from stlsgd.data import load_dataset
+
+    ds = load_dataset("digits49")
+    problem = LogisticRegression(ds.X, ds.y)
+    partition = make_partition(ds.y, 4, "noniid", seed=0, s=0)
+    plan = LocalSGD(lr=0.5, k=6)
+
+    def one(rule: RoundRule, rounds: int):
+        sampler = Sampler(partition, 3)
+        return run(
+            plan,
+            problem,
+            sampler,
+            StopRule(max_rounds=rounds),
+            init_run_state(problem, sampler, 4, 3),
+            progress=False,
+            rule=rule,
+        )
+
+    whole, same = one(RoundRule(drift=True), 3), one(RoundRule(drift=True, drift_window=6), 3)
+    assert np.array_equal(whole.clients["w"], same.clients["w"]) and np.array_equal(
+        whole.control["w"], same.control["w"]
+    )
+    first = [one(RoundRule(drift=True, drift_window=w), 1) for w in (None, 2)]
+    # Round 1 has no correction yet; its steps are drawn in two calls of the kernel, whose L2 shrink (a running
+    # scale) is then applied in another order: the same models to the last bits.
+    np.testing.assert_allclose(first[0].clients["w"], first[1].clients["w"], rtol=1e-12, atol=1e-15)
+    assert np.abs(first[0].control["w"] - first[1].control["w"]).max() > 1e-3
+    assert RoundRule(drift=True, drift_window=2).control_steps(6) == 2 and RoundRule(drift=True).control_steps(6) == 6
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ("drift_window = 4", "algorithm.drift_window: .*set drift = true beside it"),
+        ("drift = true\ndrift_window = 0", "algorithm.drift_window: .*greater than or equal to 1"),
+    ],
+)
+def test_a_drift_window_without_drift_is_refused_in_one_line(tmp_path: Path, fields: str, message: str) -> None:
+    from stlsgd.errors import ConfigError
+    from stlsgd.experiments.config import load_config
+
+    path = tmp_path / "c.toml"
+    path.write_text(f'[data]\ndataset = "digits49"\n[algorithm]\nmethod = "local_sgd"\nlr = 0.5\nk = 4\n{fields}\n')
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(path)
+    assert "\n" not in str(err.value)

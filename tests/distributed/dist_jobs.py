@@ -89,7 +89,9 @@ CONFIGS = {
         eval_every = 4
         eval_every_iterations = 50
     """,
-    # 5 clients on 2 ranks (3 + 2): the control variates are per client, gathered for the checkpoints.
+    # 5 clients on 2 ranks (3 + 2): the control variates are per client, gathered for the checkpoints; each
+    # from its round's first 3 of 4 steps (the window cuts the round's draw). Option II over whole rounds runs
+    # on ranks in the stl_auto job (auto's plan has drift correction on this Non-IID data).
     "drift": """
         name = "d"
         [data]
@@ -102,6 +104,7 @@ CONFIGS = {
         lr_decay = 0.02
         k = 4
         drift = true
+        drift_window = 3
         outer_lr = 0.7
         [run]
         target_gap = "none"

@@ -1,7 +1,8 @@
 """Started by torchrun from the drift test: each rank is one client of the logistic problem (digits49, Non-IID
 over 2 clients), trained with plain SGD under ``PlanAverager(..., drift=True)``; the mini-batches are the ones
 the simulator's sampler draws. Trains 6 rounds uninterrupted, then again with a per-rank checkpoint in the
-middle of round 3 restored into a fresh model, optimizer and averager; writes OUT/rank<r>.json.
+middle of round 3 restored into a fresh model, optimizer and averager, then 6 rounds with the control variates
+from each round's first WINDOW steps; writes OUT/rank<r>.json.
 
     torchrun --nproc_per_node=2 tests/distributed/dropin_drift_worker.py OUT
 """
@@ -27,6 +28,7 @@ from stlsgd.executors.sampling import Sampler
 
 PLAN = LocalSGD(lr=0.5, k=5, lr_decay=0.05)  # the lr changes within every round
 ROUNDS, SEED, STOP = 6, 7, 13  # step 13: the middle of round 3
+WINDOW = 3  # of every round's 5 steps
 
 
 def main(out: Path) -> None:
@@ -71,7 +73,21 @@ def main(out: Path) -> None:
     opt.load_state_dict(saved["opt"])
     train(model, opt, range(STOP, ROUNDS * PLAN.k))
     resumed = model.weight.detach()[0].tolist()
-    result = {"whole": whole, "resumed": resumed, "control_max": control, "bytes": avg.stats.bytes_sent}
+    bytes_sent = avg.stats.bytes_sent
+    avg.close()
+
+    model, opt = make()
+    avg = PlanAverager(model, opt, PLAN, plan_lr=True, drift=True, drift_window=WINDOW)
+    train(model, opt, range(ROUNDS * PLAN.k))
+    windowed = model.weight.detach()[0].tolist()
+    avg.close()
+    result = {
+        "whole": whole,
+        "resumed": resumed,
+        "windowed": windowed,
+        "control_max": control,
+        "bytes": bytes_sent,
+    }
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 

@@ -51,7 +51,8 @@ def test_simulator_and_1_2_4_ranks_average_to_the_same_bits_after_every_round(
 
 
 def test_drift_correction_and_the_outer_step_on_ranks_are_the_simulators_bits(tmp_path: Path, dist_runs) -> None:
-    # 5 clients on 2 ranks (3 + 2): the control variates are per client, gathered for the checkpoints.
+    # 5 clients on 2 ranks (3 + 2): the control variates are per client (from each round's first 3 of 4 steps),
+    # gathered for the checkpoints.
     config = write_config(tmp_path, "drift")
     sim: list[np.ndarray] = []
 

@@ -1,5 +1,5 @@
-"""Drift correction in the drop-in is the simulator's SCAFFOLD (option II): the same plan and data give the
-same parameters, and a per-rank checkpoint in the middle of a round resumes exactly."""
+"""Drift correction in the drop-in is the simulator's SCAFFOLD (option II, and with a window): the same plan and
+data give the same parameters, and a per-rank checkpoint in the middle of a round resumes exactly."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from stlsgd.executors.simulator import StopRule, init_run_state, run
 from stlsgd.problems.logistic import LogisticRegression
 
 
-def _simulate(drift: bool) -> np.ndarray:
+def _simulate(drift: bool, window: int | None = None) -> np.ndarray:
     from dropin_drift_worker import PLAN, ROUNDS, SEED
 
     ds = load_dataset("digits49")
@@ -29,7 +29,7 @@ def _simulate(drift: bool) -> np.ndarray:
         StopRule(max_rounds=ROUNDS),
         init_run_state(problem, sampler, 2, SEED),
         progress=False,
-        rule=RoundRule(drift=drift),
+        rule=RoundRule(drift=drift, drift_window=window),
     )
     return state.clients["w"][0]
 
@@ -45,11 +45,16 @@ def test_drop_in_drift_is_the_simulators_and_resumes_exactly(tmp_path: Path) -> 
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     drifted, plain = _simulate(True), _simulate(False)
+    from dropin_drift_worker import WINDOW
+
+    windowed = _simulate(True, WINDOW)
     for res in ranks:
         np.testing.assert_allclose(res["whole"], drifted, rtol=1e-10, atol=1e-13)
+        np.testing.assert_allclose(res["windowed"], windowed, rtol=1e-10, atol=1e-13)
         assert res["resumed"] == res["whole"]  # bit for bit
         assert max(res["control_max"]) > 1e-3  # the control variates are doing something
     assert np.abs(drifted - plain).max() > 1e-3  # and drift changes the result beyond the tolerance
+    assert np.abs(drifted - windowed).max() > 1e-3  # as the window does
     # The model and the control variate ride in one all-reduce: 2 x 64 float64 values a round, 6 rounds.
     assert ranks[0]["bytes"] == 6 * 2 * 64 * 8
 

@@ -464,11 +464,15 @@ def test_one_poisoning_client_of_four_does_not_stop_the_three_honest_ones(digits
 
 
 @pytest.mark.parametrize(
-    "plan",
-    [STLSGD(lr=0.5, T1=8, k1=2.0), LocalSGD(lr=0.5, k=5, lr_decay=0.05)],
-    ids=["stl_sc", "local_sgd, lr decaying within rounds"],
+    ("plan", "window"),
+    [
+        (STLSGD(lr=0.5, T1=8, k1=2.0), None),
+        (LocalSGD(lr=0.5, k=5, lr_decay=0.05), None),
+        (STLSGD(lr=0.5, T1=8, k1=2.0), 3),  # rounds of 2 (whole), then 4 and 8 steps (their first 3)
+    ],
+    ids=["stl_sc", "local_sgd, lr decaying within rounds", "stl_sc, drift window"],
 )
-def test_drift_correction_in_flower_is_the_simulators(digits, plan) -> None:
+def test_drift_correction_in_flower_is_the_simulators(digits, plan, window) -> None:
     # Four clients, each with one class only (s = 0): the drift the control variates exist for. The same plan,
     # the same samples (the simulator's sampler, drawn round by round as it draws them), the same x_0 = 0.
     ds, problem = digits
@@ -481,7 +485,7 @@ def test_drift_correction_in_flower_is_the_simulators(digits, plan) -> None:
         StopRule(max_iterations=budget),
         init_run_state(problem, Sampler(partition, 7), 4, 7),
         progress=False,
-        rule=RoundRule(drift=True),
+        rule=RoundRule(drift=True, drift_window=window),
     )
     sampler = Sampler(partition, 7)
     draws = []
@@ -491,7 +495,7 @@ def test_drift_correction_in_flower_is_the_simulators(digits, plan) -> None:
         draws.append(sampler.draw(within_budget(rnd, budget).steps, rnd.batch))  # both cut the last round
     rows = np.concatenate(draws)
     clients = [LogisticClient(problem, lambda t, c=c: rows[t, c]) for c in range(4)]
-    strategy = _strategy_for(plan, 4, budget, drift=True)
+    strategy = _strategy_for(plan, 4, budget, drift=True, drift_window=window)
     run_in_process(strategy, clients, num_rounds=strategy.planned_rounds())
     assert strategy.averages == sim.round == 12 and strategy.cursor.iteration == sim.iteration == budget
     assert strategy.rejected == []
@@ -598,3 +602,15 @@ def test_drift_correction_leaves_batchnorm_statistics_without_a_control_variate(
             assert np.abs(c).max() < 1e-6 and np.abs(mine).max() < 1e-6
         else:
             assert np.abs(c).max() > 0 and np.abs(mine).max() > 0
+
+
+def test_a_drift_window_without_drift_is_refused_by_the_strategy_and_the_drop_in() -> None:
+    from stlsgd.dropin import PlanAverager
+
+    with pytest.raises(StlsgdError, match=r"drift_window: needs drift=True and at least 1 step, got 3"):
+        StlsgdFedAvg(LocalSGD(lr=0.5, k=4), drift_window=3)
+    model = nn.Linear(2, 1)
+    with pytest.raises(StlsgdError, match=r"drift_window: needs drift=True and at least 1 step, got 0"):
+        PlanAverager(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), LocalSGD(lr=0.5, k=4), drift=True, drift_window=0
+        )

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from stlsgd.algorithms.plan import Plan
 from stlsgd.schema import StrictModel
@@ -73,10 +73,23 @@ class LocalMethodConfig(MethodConfig):
         description="SCAFFOLD control variates (option II) correct each client's steps "
         "for client drift; a round then also sends the control variate",
     )
+    drift_window: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="with drift: each client's control variate from its round's first drift_window local steps "
+        "(unset: the whole round, option II)",
+    )
     outer_lr: float | None = Field(
         None, gt=0, description="DiLoCo: the average takes an outer Nesterov step of this lr (none: plain averaging)"
     )
     outer_momentum: float = Field(0.9, ge=0, lt=1, description="the outer step's momentum")
+
+    @model_validator(mode="after")
+    def _window_needs_drift(self) -> LocalMethodConfig:
+        if self.drift_window is not None and self.drift is not True:
+            raise ValueError("drift_window: applies to drift correction only: set drift = true beside it")
+        return self
 
 
 REGISTRY: dict[str, type[MethodConfig]] = {}

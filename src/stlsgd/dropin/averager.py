@@ -43,7 +43,8 @@ class PlanAverager:
     ``group``: the process group to average over (default: the default group, which is initialised from
     torchrun's environment when it does not exist yet; alone without either). ``hook=False`` leaves the counting
     to explicit :meth:`after_step` calls (the adapters use it). ``drift=True``: SCAFFOLD's drift correction
-    (see :mod:`stlsgd.dropin`).
+    (see :mod:`stlsgd.dropin`); ``drift_window``: the control variate from each round's first that many steps
+    (:class:`~stlsgd.executors.rules.RoundRule`).
     """
 
     def __init__(
@@ -58,6 +59,7 @@ class PlanAverager:
         lr_group: int = 0,
         outer: OuterNesterov | None = None,
         drift: bool = False,
+        drift_window: int | None = None,
         on_round: Callable[[RoundStats], None] | None = None,
         log_every: int | None = None,
         csv: str | Path | None = None,
@@ -72,7 +74,9 @@ class PlanAverager:
         if log_every is not None and log_every < 1:
             raise StlsgdError(f"log_every: must be >= 1 round, got {log_every}")
         self.plan_lr, self.optimizer_state, self.lr_group = plan_lr, optimizer_state, lr_group
-        self.outer, self.drift = outer, bool(drift)
+        if drift_window is not None and (not drift or drift_window < 1):
+            raise StlsgdError(f"drift_window: needs drift=True and at least 1 step, got {drift_window!r}")
+        self.outer, self.drift, self.drift_window = outer, bool(drift), drift_window
         self.driver = PlanDriver(plan)
         # Only the caller's own group is kept: holding the default group's object past the user's
         # destroy_process_group leaves its destructor to the interpreter's exit (an abort under torchrun);
@@ -349,7 +353,7 @@ class PlanAverager:
             lr = float(rnd.learning_rates()[self.driver.step])
             for ratio, group in zip(self._lr_ratios, self.optimizer.param_groups):
                 group["lr"] = lr * ratio
-        if self._lr_sums is not None:
+        if self._lr_sums is not None and self._in_window():
             for i, group in enumerate(self.optimizer.param_groups):
                 self._lr_sums[i] += float(group["lr"])
         if rnd.prox_gamma is None and not self.drift:
@@ -382,13 +386,18 @@ class PlanAverager:
         if self._control is not None and self._control_mean is not None and self._grad_sums is not None:
             with torch.no_grad():
                 lrs = self.optimizer.param_groups
-                accumulate_gradients(
-                    [self._grad_sums[i] for i in live],
-                    grads,  # type: ignore[arg-type]
-                    [0.0 if self._group_of[i] is None else float(lrs[self._group_of[i]]["lr"]) for i in live],  # type: ignore[index]
-                )
+                if self._in_window():
+                    accumulate_gradients(
+                        [self._grad_sums[i] for i in live],
+                        grads,  # type: ignore[arg-type]
+                        [0.0 if self._group_of[i] is None else float(lrs[self._group_of[i]]["lr"]) for i in live],  # type: ignore[index]
+                    )
                 correction = drift_correction([self._control[i] for i in live], [self._control_mean[i] for i in live])
                 torch._foreach_add_(grads, correction)  # type: ignore[arg-type]
+
+    def _in_window(self) -> bool:
+        """Whether the coming step is one of the round's first ``drift_window`` (its control variate's)."""
+        return self.drift_window is None or self.driver.step < self.drift_window
 
     def _after_hooked_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._last_ended = self._count()

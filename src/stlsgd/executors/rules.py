@@ -6,7 +6,9 @@ simulator (stacked clients, NumPy or torch), the torchrun executor, the drop-in 
 - :func:`drift_correction` and :func:`update_control`: SCAFFOLD's control variates (Karimireddy et al., ICML
   2020, option II): every step's gradient gets c - c_i; after the round
   c_i <- c_i - c + (x_start - y_i) / (sum of the round's learning rates), and c becomes the mean of the c_i
-  (sent with the model). Where the executor sees each step's gradient (the drop-in),
+  (sent with the model); with a window M, y_i is the client's model after the round's first M steps and the sum
+  runs over those steps' learning rates (:meth:`RoundRule.control_steps`). Where the executor sees each step's
+  gradient (the drop-in),
   :func:`accumulate_gradients` and :func:`control_from_gradients` give the same c_i under plain SGD as the
   lr-weighted mean of the round's gradients, which stays a gradient under momentum and Adam.
 - :func:`outer_step`: DiLoCo's outer step on the averaged model (:class:`OuterNesterov`).
@@ -41,12 +43,24 @@ class RoundRule:
 
     ``drift``: SCAFFOLD's control variates (option II) correct each client's steps by c - c_i; after the round
     c_i <- c_i - c + (x_start - y_i) / (sum of the round's learning rates), and c becomes the mean of the c_i
-    (sent with the model: a round's bytes double). ``outer``: the average takes an outer optimizer step
-    (:class:`~stlsgd.executors.averaging.OuterNesterov`) instead of replacing the model.
+    (sent with the model: a round's bytes double). ``drift_window``: c_i from the round's first
+    ``drift_window`` steps only (y_i then the model after them, the sum over their learning rates). Option II's c_i
+    is the client's mean gradient along the round's path; over a long round at a large step most of that path
+    lies near the client's own corrected optimum (x_start - y_i stays bounded while the sum of learning rates
+    grows, so the new c_i is mostly the old c_i - c), not at the averaged model where the next round starts. From
+    the first steps c_i stays near the client's gradient at the averaged model, option I's target, without
+    option I's extra pass over the data.
+    ``outer``: the average takes an outer optimizer step (:class:`~stlsgd.executors.averaging.OuterNesterov`)
+    instead of replacing the model.
     """
 
     drift: bool = False
+    drift_window: int | None = None
     outer: OuterNesterov | None = None
+
+    def control_steps(self, steps: int) -> int:
+        """How many of a round's ``steps`` local steps its control variates are taken over."""
+        return steps if self.drift_window is None else min(steps, self.drift_window)
 
 
 PLAIN = RoundRule()

@@ -321,25 +321,33 @@ def _local_round(loop: _Loop, rnd: Round, lrs: np.ndarray, state: RunState, prox
             zip(params, drift_correction([state.control[k] for k in params], [state.control_mean[k] for k in params]))
         )
     # Late STL-SGD stages have rounds of 10^5-10^7 local steps: draw and step them in slices so the sample
-    # matrix stays small. The generator fills draws in order, so slicing changes no sample.
+    # matrix stays small. The generator fills draws in order, so slicing changes no sample. With a drift window
+    # a slice also ends where the window does, for the clients' models there (the control variates' y_i).
     chunk = max(1, SAMPLES_PER_CHUNK // (loop.num_clients * rnd.batch))
+    window = rule.control_steps(rnd.steps)
+    ends = sorted({*range(chunk, rnd.steps, chunk), window, rnd.steps} - {0})
+    at_window: State | None = None
     started = time.perf_counter()
-    for first in range(0, rnd.steps, chunk):
-        steps = min(chunk, rnd.steps - first)
-        rows = loop.sampler.draw(steps, rnd.batch)[:, loop.topology.clients]
+    first = 0
+    for end in ends:
+        rows = loop.sampler.draw(end - first, rnd.batch)[:, loop.topology.clients]
         if drift is None:
-            loop.problem.local_steps(state.clients, rows, lrs[first : first + steps], prox)
+            loop.problem.local_steps(state.clients, rows, lrs[first:end], prox)
         else:
-            loop.problem.local_steps(state.clients, rows, lrs[first : first + steps], prox, drift)
+            loop.problem.local_steps(state.clients, rows, lrs[first:end], prox, drift)
+        if end == window < rnd.steps and drift is not None:
+            at_window = copy_state({k: state.clients[k] for k in params})
+        first = end
     averaging = time.perf_counter()
     state.compute_s += averaging - started
     if state.control is not None and start is not None and drift is not None:
+        ended = state.clients if at_window is None else at_window
         update_control(
             [state.control[k] for k in params],
             [start[k] for k in params],
-            [state.clients[k] for k in params],
+            [ended[k] for k in params],
             [drift[k] for k in params],
-            float(np.add.reduce(lrs)),
+            float(np.add.reduce(lrs[:window])),
         )
         mean = copy_state(state.control)
         loop.topology.average(mean)  # the control variates travel with the model

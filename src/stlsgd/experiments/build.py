@@ -64,6 +64,7 @@ def round_rule(alg: MethodConfig) -> RoundRule:
     outer_momentum = getattr(alg, "outer_momentum", 0.0)  # local methods only, with outer_lr
     return RoundRule(
         drift=bool(getattr(alg, "drift", False)),  # stl_sc's unset drift (None) is off
+        drift_window=getattr(alg, "drift_window", None),
         outer=None if outer_lr is None else OuterNesterov(lr=outer_lr, momentum=outer_momentum),
     )
 

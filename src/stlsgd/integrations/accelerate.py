@@ -77,7 +77,7 @@ class StlsgdLocalSGD:
 
     ``model`` and ``optimizer`` as returned by ``accelerator.prepare`` (a DDP model, an ``AcceleratedOptimizer``;
     plain ones work too). ``enabled=False`` turns it into a no-op, as Accelerate's. Keyword arguments go to
-    :class:`~stlsgd.dropin.PlanAverager` (``plan_lr``, ``optimizer_state``, ``outer``, ``drift``, ``on_round``,
+    :class:`~stlsgd.dropin.PlanAverager` (``plan_lr``, ``optimizer_state``, ``outer``, ``drift``, ``drift_window``, ``on_round``,
     ``log_every``, ``csv``, ...); the averager is :attr:`averager` (None when disabled).
     """
 

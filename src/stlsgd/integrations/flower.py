@@ -28,6 +28,8 @@ Each Flower round is one round of the plan: ``configure_fit`` settles it with th
 ``stlsgd_control``   with ``drift=True``: SCAFFOLD's server control variate c (npz bytes, :func:`get_weights` order,
                      zeros for buffers); the client adds c - c_i to every gradient and returns c_i^+ - c_i as the
                      fit metric ``stlsgd_control_delta`` (npz bytes)
+``stlsgd_window``    with ``drift_window``: c_i^+ from the round's first that many steps only (the model after them
+                     and the sum of their learning rates)
 ``stlsgd_batch``     the plan's per-client mini-batch size (CR-PSGD grows it)
 ``stlsgd_round``,    the round's index (0-based), stage and nominal period, for logs
 ``stlsgd_stage``,
@@ -251,7 +253,8 @@ class StlsgdFedAvg(FedAvg):
     ``max_iterations``: a hard cap on local steps, as ``run.max_iterations`` is for the simulator: the round that
     would cross it is cut there (the plan driver's rule, ``algorithms.budget``) and no round is configured after
     it; :meth:`planned_rounds` counts the rounds that takes. ``drift``: SCAFFOLD's control variates
-    (Karimireddy et al., ICML 2020, option II), as the simulator's ``RoundRule(drift=True)``. ``example_cap``: a
+    (Karimireddy et al., ICML 2020, option II), as the simulator's ``RoundRule(drift=True)``; ``drift_window``: the
+    clients' control variates from each round's first that many steps (``RoundRule.drift_window``). ``example_cap``: a
     client's averaging weight is its ``num_examples`` capped at ``example_cap`` times the round's median count
     (None: FedAvg's raw counts). ``max_update_ratio``: with 3 or more valid updates in a round, one whose
     distance to the global model (or whose control-variate update) is more than this many times the round's
@@ -265,6 +268,7 @@ class StlsgdFedAvg(FedAvg):
         *,
         max_iterations: int | None = None,
         drift: bool = False,
+        drift_window: int | None = None,
         example_cap: float | None = 1.0,
         max_update_ratio: float | None = 10.0,
         **fedavg_options: Any,
@@ -273,6 +277,8 @@ class StlsgdFedAvg(FedAvg):
         super().__init__(**fedavg_options)
         if max_iterations is not None and max_iterations < 1:
             raise StlsgdError(f"max_iterations: must be >= 1 local step, got {max_iterations}")
+        if drift_window is not None and (not drift or drift_window < 1):
+            raise StlsgdError(f"drift_window: needs drift=True and at least 1 step, got {drift_window!r}")
         if example_cap is not None and not (math.isfinite(example_cap) and example_cap >= 1):
             raise StlsgdError(f"example_cap: must be a finite number >= 1 (or None), got {example_cap}")
         if max_update_ratio is not None and not (math.isfinite(max_update_ratio) and max_update_ratio >= 1):
@@ -283,6 +289,7 @@ class StlsgdFedAvg(FedAvg):
         self.driver = PlanDriver(plan, max_iterations=max_iterations)
         self.max_iterations = max_iterations
         self.drift = drift
+        self.drift_window = drift_window
         self.example_cap = example_cap
         self.max_update_ratio = max_update_ratio
         self.averages = 0
@@ -346,6 +353,8 @@ class StlsgdFedAvg(FedAvg):
             if self.control is None:
                 self.control = [np.zeros_like(a) for a in sent]
             config[PREFIX + "control"] = pack(self.control)
+            if self.drift_window is not None:
+                config[PREFIX + "window"] = self.drift_window
         return config
 
     def configure_fit(
@@ -665,7 +674,8 @@ def run_local_steps(
     size returning one pair. ``optimizer``: default plain SGD at the config's lr (a plan without an lr needs
     yours; its lr is then left alone). Each step: ``loss_fn(model(x), y)``, backward, then for STL-SGD^nc the
     proximal gradient (x - x_s)/gamma added to every parameter's gradient, then with drift correction (the
-    config holds ``stlsgd_control``, SCAFFOLD's c) c - c_i, then the optimizer's step at the round's lr.
+    config holds ``stlsgd_control``, SCAFFOLD's c) c - c_i, then the optimizer's step at the round's lr. With
+    ``stlsgd_window`` the new c_i is taken over the round's first that many steps.
     ``control``: this client's c_i from its last round (:func:`get_weights` order; None: zeros).
 
     Returns ``steps``, ``num_examples`` (samples seen), ``loss`` (the first batch's loss, i.e. the received
@@ -705,6 +715,8 @@ def run_local_steps(
         start = [p.detach().clone() for _, p in named]
         c_i = [mine[n].clone() for n, _ in named]
         correction = cast(list[torch.Tensor], drift_correction(c_i, [c[n] for n, _ in named]))  # c - c_i, all round
+    window = _config_int(config, "window", steps) if correction is not None else steps
+    at_window: list[torch.Tensor] | None = None
     next_batch = _batch_source(batches)
     model.train()
     first = last = float("nan")
@@ -726,8 +738,11 @@ def run_local_steps(
         if lrs is not None:
             for group in optimizer.param_groups:
                 group["lr"] = lrs[step]
-        lr_sum += float(optimizer.param_groups[0]["lr"])
+        if step < window:
+            lr_sum += float(optimizer.param_groups[0]["lr"])
         optimizer.step()
+        if correction is not None and step + 1 == window < steps:
+            at_window = [p.detach().clone() for _, p in named]
         last = float(loss.detach())
         if step == 0:
             first = last
@@ -736,7 +751,8 @@ def run_local_steps(
     if correction is not None:
         if lr_sum > 0:  # a round of lr 0 leaves c_i as it was
             with torch.no_grad():
-                update_control(c_i, start, [p.detach() for _, p in named], correction, lr_sum)
+                ended = [p.detach() for _, p in named] if at_window is None else at_window
+                update_control(c_i, start, ended, correction, lr_sum)
         new = {n: ci for (n, _), ci in zip(named, c_i)}
         # c_i in get_weights order; buffers (BatchNorm statistics) have none: zeros
         out["control"] = [new[n].cpu().numpy() if n in new else mine[n].cpu().numpy().copy() for n in names]

@@ -61,7 +61,7 @@ except ImportError as exc:  # pragma: no cover - the extra is part of the test i
 
 class StlsgdCallback(Callback):
     """Runs ``plan`` in the fit (see the module docstring). Keyword arguments go to
-    :class:`~stlsgd.dropin.PlanAverager` (``plan_lr``, ``optimizer_state``, ``outer``, ``drift``, ``log_every``,
+    :class:`~stlsgd.dropin.PlanAverager` (``plan_lr``, ``optimizer_state``, ``outer``, ``drift``, ``drift_window``, ``log_every``,
     ``csv``);
     ``on_round`` is called on every process after each round's average with its :class:`~stlsgd.dropin.RoundStats`.
     The averager of the current fit is :attr:`averager`."""
