@@ -217,17 +217,27 @@ def test_clients_models_too_large_to_build_are_skipped_and_the_fallback_says_so(
     )
 
 
-def _clients(h: float, gradients: list[float], x: float = 1.0, noise: float = 0.0, target: float = 1e-3):
-    """Hand-made 1-D clients' models at x* = ``x``: curvature h each, their gradients at x*."""
+def _clients(
+    h: float | list[float],
+    gradients: list[float],
+    x: float = 1.0,
+    noise: float = 0.0,
+    target: float = 1e-3,
+    spread: float | None = None,
+):
+    """Hand-made 1-D clients' models at x* = ``x``: curvature h each (or one per client), their gradients at x*,
+    and with ``spread`` each client's single-sample gradient standard deviation (the control variates' noise)."""
     n = len(gradients)
+    hs = np.broadcast_to(np.asarray(h, dtype=float), (n,))
     return ClientsAtOptimum(
         target_gap=target,
         x=np.array([x]),
-        hessian=np.array([[h]]),
-        curvatures=np.full((n, 1), h),
+        hessian=np.array([[hs.mean()]]),
+        curvatures=hs[:, None].copy(),
         bases=np.ones((n, 1, 1)),
         gradients=np.array(gradients, dtype=float)[:, None],
         noise=noise,
+        spreads=() if spread is None else tuple(np.array([[spread]]) for _ in range(n)),
     )
 
 
@@ -254,6 +264,33 @@ def test_the_clients_model_rounds_by_hand() -> None:
     # Two clients with the same curvature and opposite gradients at x*: each round's fixed points and the control
     # variates move symmetrically, so their average runs as the one client does.
     assert drift_rounds(_clients(0.5, [0.3, -0.3]), [local], every=1, max_rounds=100) == [6]
+
+
+def test_the_clients_model_with_control_variates_from_a_rounds_first_steps() -> None:
+    # A window as long as the round is option II: the same rounds (here the hand-computed 6 above).
+    local = LocalSGD(lr=0.1, k=10)
+    alike = _clients(0.5, [0.3, -0.3])
+    assert drift_rounds(alike, [local, local, local], windows=[None, 10, 50], every=1, max_rounds=100) == [6, 6, 6]
+    # Alike curvatures: the average of the clients' fixed points is x* - H^-1 mean_c (g_c + c - c_c) whatever the
+    # control variates are (the corrections sum to zero), so even the noise of a one-step window cancels.
+    noisy_alike = _clients(0.5, [0.3, -0.3], spread=10.0)
+    assert drift_rounds(noisy_alike, [local, local], windows=[None, 1], every=1, max_rounds=100) == [6, 6]
+    # Curvatures 0.5 and 2, x* = 1, gradients -0.2 and 0.2 at x*: rounds of 2,000 steps at lr 0.01 (S1 = 20) bring
+    # each client to its corrected fixed point. Option II's c_c is then mostly the mean gradient there, the old
+    # c_c - c, and the correction catches up with the average slowly; from a round's first steps (S1 = 0.01 or 0.2)
+    # c_c is near the gradient at the averaged model, and the model reaches the target in fewer rounds.
+    differ = _clients([0.5, 2.0], [-0.2, 0.2])
+    long = LocalSGD(lr=0.01, k=2_000)
+    one, twenty, plain = drift_rounds(differ, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100)
+    assert one is not None and twenty is not None and plain is not None and max(one, twenty) < plain
+    # With the clients' sampling noise (standard deviation 10 a sample), a one-step window's control variates are
+    # off by N(0, 100) each round; with curvatures apart that does not cancel: the average is off by
+    # 0.375 (eps_2 - eps_1), about 5, and the gap stays over the target. Twenty samples, and option II's 2,000, still
+    # reach it. Drawn from a fixed seed: the same answer twice.
+    noisy = _clients([0.5, 2.0], [-0.2, 0.2], spread=10.0)
+    rounds = drift_rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100)
+    assert rounds[0] is None and rounds[1] is not None and rounds[2] is not None
+    assert rounds == drift_rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100)
 
 
 def test_stl_rounds_count_the_halvings_down_to_the_noise() -> None:
@@ -310,6 +347,7 @@ def test_auto_on_clients_that_differ_runs_the_models_choice(tmp_path: Path) -> N
     ran = summary["plan"]
     assert (ran["name"], ran["lr"]) == (p["method"], p["lr"]) and ran.get("k", ran.get("k1")) == p["k"]
     assert summary["rule"]["drift"] is True and summary["status"] == "reached"
+    assert summary["rule"]["drift_window"] == p.get("drift_window")  # summary.json says which control variates ran
     assert summary["rounds_to_target"] <= 1.5 * p["model_rounds"]  # the model was near: 15 rounds against 20
 
 

@@ -87,7 +87,8 @@ class LocalMethodConfig(MethodConfig):
 
     @model_validator(mode="after")
     def _window_needs_drift(self) -> LocalMethodConfig:
-        if self.drift_window is not None and self.drift is not True:
+        # STL-SGD^sc's auto sets drift and the window itself, and refuses them given (STLSCConfig says so)
+        if self.drift_window is not None and self.drift is not True and not getattr(self, "auto", False):
             raise ValueError("drift_window: applies to drift correction only: set drift = true beside it")
         return self
 

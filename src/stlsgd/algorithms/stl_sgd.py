@@ -270,7 +270,19 @@ class STLSCConfig(_Stagewise):
         # iid and drift default to None (unset), so an explicit false is refused too: auto would override it.
         given = sorted(
             f
-            for f in ("lr", "k", "T1", "T1_epochs", "lr_T1", "drift", "iid", "stage_end", "k_max", "diminishing_k")
+            for f in (
+                "lr",
+                "k",
+                "T1",
+                "T1_epochs",
+                "lr_T1",
+                "drift",
+                "drift_window",
+                "iid",
+                "stage_end",
+                "k_max",
+                "diminishing_k",
+            )
             if getattr(self, f) != type(self).model_fields[f].default
         )
         if self.auto and given:

@@ -378,6 +378,7 @@ def summarize(
         plan=built.plan.describe(),
         rule={
             "drift": built.rule.drift,
+            "drift_window": built.rule.drift_window,
             "outer": None if built.rule.outer is None else dataclasses.asdict(built.rule.outer),
         },
         backend=backend,

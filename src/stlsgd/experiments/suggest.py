@@ -29,9 +29,11 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   stage), k_1 = IID_K1_STAGES T_1 (at most the plans' cap, 2^20), no drift correction: each round is
   1 + IID_K1_STAGES times all the steps before it (up to that cap), and the lr falls smoothly inside it;
 - when the clients differ and the run has a target gap (and N d^2 <= CLIENT_MODEL_SIZE): the model at x* of each
-  client (:class:`ClientsAtOptimum`) runs drift-corrected Local SGD (SCAFFOLD, option II) on the clients'
-  quadratics (:func:`drift_rounds`) for candidate plans at one client's step 1/(2L) -- Local SGD + drift with long
-  periods, and STL-SGD^sc + drift with Algorithm 2's stages (:func:`drift_candidates`) -- and ``auto`` runs the one
+  client (:class:`ClientsAtOptimum`) runs drift-corrected Local SGD (SCAFFOLD, option II, and with control
+  variates from a round's first DRIFT_WINDOWS steps, ``drift_window``, whose sampling noise it draws from each
+  client's gradient covariance at x*) on the clients' quadratics (:func:`drift_rounds`) for candidate plans at one
+  client's step 1/(2L) -- Local SGD + drift with long periods, and STL-SGD^sc + drift with Algorithm 2's stages
+  (:func:`drift_candidates`) -- and ``auto`` runs the one
   with the fewest rounds (then steps) if that is fewer than the stationary stages below need to halve eta down to
   the clients' averaged noise (:func:`stl_rounds`): long periods where the model has the control variates carry
   them, short ones elsewhere;
@@ -46,7 +48,8 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   in client-steps: longer rounds would cut communication, already at most a third of a round's time, and add drift
   steps; in IID data the network changes nothing (a longer period removes rounds without adding steps there).
 
-``auto`` sets lr, k, T1, iid, drift, stage_end, k_max and diminishing_k itself: any of them given beside it is refused (STLSCConfig).
+``auto`` sets lr, k, T1, iid, drift, drift_window, stage_end, k_max and diminishing_k itself: any of them given beside it
+is refused (STLSCConfig).
 
 Measured against each column's grid (docs/results/schedules.md, *Tuning-free default*): the fixed-length rule this
 replaces (R = 64 sqrt(1 + 4 zeta^2/sigma^2) rounds a stage) spent 775 rounds on a9a Non-IID and 655 on MNIST
@@ -122,6 +125,13 @@ DRIFT_PERIODS = (256, 1024, 4096, 16384, 65536)
 DRIFT_DECAYS = (0.0, 0.25, 1.0, 4.0)
 DRIFT_LR_T1 = (0.03, 0.1, 0.3, 1.0)
 DRIFT_K1 = (16, 64, 256, 1024, 4096)
+# Each candidate also with the control variates from a round's first W steps (``drift_window``): over a long round
+# option II's c_i is a mean along the client's path to its own corrected optimum, not its gradient at the averaged
+# model; from a short window it is that gradient but noisy (N(0, Sigma_c / W), which the model draws). Measured on
+# the parity set (8 clients, auto's lr, lr_decay and k 65,536, seeds 0-2): W 256 the budget at every seed (the
+# noise held the gap at 1.3-2.5e-4), 1,024 15, 15, 15, 4,096 25, 25, 25; the model with the noise gave 20 and 25
+# (without it, 10 for 256: docs/results/schedules.md, *Control variates from a round's first steps*).
+DRIFT_WINDOWS = (256, 1024, 4096)
 # The clients' models cost N eigendecompositions of d x d and, every model round, two products with their N x d x d
 # eigenbases: both grow as N d^2. Measured with `stlsgd suggest` on this 2-core machine: MNIST 4/9, 32 clients x
 # 784^2 = 2.0e7, 45 s and 0.7 GB; 16 clients of 2,000 features, 6.4e7, 433 s and 2.0 GB, longer than the run it
@@ -164,6 +174,9 @@ class ClientsAtOptimum:
     #: The clients' own single-sample gradient variance at x*, E_c E_{i in c} ||grad f_i(x*) - grad f_c(x*)||^2:
     #: drift correction removes the part of sigma*^2 that lies between clients, not this.
     noise: float
+    #: Per client a factor F_c of its single-sample gradient covariance at x* (F_c^T F_c = Sigma_c): a control
+    #: variate measured over W samples is off by N(0, Sigma_c / W), drawn as F_c^T z / sqrt(W). Empty: noiseless.
+    spreads: tuple[np.ndarray, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -218,6 +231,7 @@ def clients_at_optimum(
     w = problem.minimizer(cache_dir)
     G = _sample_gradients(problem, w)[0]
     hs, Vs, gs, noise = [], [], [], []
+    factors: list[np.ndarray] = []
     for c in range(partition.num_clients):
         rows = partition.client_rows(c)
         h, V = np.linalg.eigh(problem.hessian(w, rows))
@@ -226,6 +240,8 @@ def clients_at_optimum(
         Vs.append(V)
         gs.append(gc + problem.lam * w)
         noise.append(spread)
+        centred = (G[rows].toarray() - gc) / math.sqrt(len(rows))  # centred^T centred = Sigma_c
+        factors.append(centred if centred.shape[0] <= centred.shape[1] else np.asarray(np.linalg.qr(centred, mode="r")))
     return ClientsAtOptimum(
         target_gap=target_gap,
         x=w,
@@ -234,40 +250,60 @@ def clients_at_optimum(
         bases=np.array(Vs),
         gradients=np.array(gs),
         noise=float(np.mean(noise)),
+        spreads=tuple(factors),
     )
+
+
+def _moved(h: np.ndarray, V: np.ndarray, ue: np.ndarray, ug: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    """Each client's model minus x* after steps whose lr sums are ``sums`` (3, C), from ``ue`` (C, N, d), the
+    average's error, and ``ug``, its fixed point's gradient term, both in the clients' eigenbases (:func:`drift_rounds`)."""
+    S1, S2, S3 = (s[:, None, None] for s in sums)
+    shrink = np.exp(-h[None] * S1 - h[None] ** 2 * S2 / 2 - h[None] ** 3 * S3 / 3)  # (C, N, d)
+    step = shrink * ue - (1.0 - shrink) / h[None] * ug
+    return np.matmul(V, step.transpose(1, 2, 0)).transpose(2, 0, 1)
 
 
 def drift_rounds(
     m: ClientsAtOptimum,
     plans: Sequence[Plan],
     *,
+    windows: Sequence[int | None] | None = None,
     batch: int = 1,
     every: int = 1,
     max_rounds: int,
     budget: int | None = None,
 ) -> list[int | None]:
     """For each plan (its rounds as it gives them without feedback): the rounds it takes, with drift correction
-    (SCAFFOLD, option II), from x_0 = 0 to the target gap in the clients' quadratic models at x*, counted at
-    evaluations every ``every`` rounds; None when not within ``max_rounds`` rounds and ``budget`` steps, or once a
-    round's first step would not contract (lr h >= 1 for some client's curvature h).
+    (SCAFFOLD, option II; with ``windows[j]`` = W, the control variates from each round's first W steps,
+    :class:`~stlsgd.executors.rules.RoundRule`'s ``drift_window``), from x_0 = 0 to the target gap in the clients'
+    quadratic models at x*, counted at evaluations every ``every`` rounds; None when not within ``max_rounds``
+    rounds and ``budget`` steps, or once a round's first step would not contract (lr h >= 1 for some client's
+    curvature h).
 
     Each round, client c steps from the averaged model x with its correction delta_c = c - c_c on the round's
     learning rates eta_t: in its eigenbasis the error to its fixed point z_c = x* - H_c^-1 (g_c + delta_c) shrinks
     by prod_t (1 - eta_t h), taken as exp(-h S1 - h^2 S2 / 2 - h^3 S3 / 3) with S_j = sum_t eta_t^j; then
-    c_c <- c_c - c + (x - y_c) / S1 (:func:`~stlsgd.executors.rules.update_control`) and x <- mean_c y_c. The
-    gap at an evaluation is the bias (x - x*)^T H (x - x*) / 2 plus the N clients' averaged noise at the round's
-    last step, eta sigma_c^2 / (4 N batch) (sigma_c^2 the clients' own variance, :attr:`ClientsAtOptimum.noise`).
-    The plans run side by side, so that each pass over the N x d x d eigenbases serves all of them."""
+    c_c <- c_c - c + (x - y_c) / S1 (:func:`~stlsgd.executors.rules.update_control`; y_c and S1 those of the
+    window's steps) plus the noise of a mean of the window's (or round's) W batch samples, N(0, Sigma_c / (W batch))
+    (:attr:`ClientsAtOptimum.spreads`; one draw per client and round, the same for every plan, from a fixed seed),
+    and x <- mean_c y_c. The gap at an evaluation is the bias (x - x*)^T H (x - x*) / 2 plus the N clients'
+    averaged noise at the round's last step, eta sigma_c^2 / (4 N batch) (sigma_c^2 the clients' own variance,
+    :attr:`ClientsAtOptimum.noise`). The plans run side by side, so that each pass over the N x d x d eigenbases
+    serves all of them."""
     h, V = m.curvatures, m.bases
     n, d = h.shape
     C = len(plans)
+    windows = [None] * C if windows is None else list(windows)
+    windowed = np.array([w is not None for w in windows])
     cursors = [Cursor() for _ in plans]
     e = np.tile(-m.x, (C, 1))  # x - x*, from x_0 = 0
     control = np.zeros((C, n, d))
     reached: list[int | None] = [None] * C
     alive = np.ones(C, dtype=bool)
     Vt = np.ascontiguousarray(V.transpose(0, 2, 1))
-    sums, last = np.ones((3, C)), np.zeros(C)  # a plan that stops keeps its last sums (S1 > 0: no 0 / 0)
+    # a plan that stops keeps its last sums (S1 > 0: no 0 / 0); the window's sums are the round's without one
+    sums, wsums, last, samples = np.ones((3, C)), np.ones((3, C)), np.zeros(C), np.ones(C)
+    rng = np.random.default_rng(0)
     for r in range(1, max_rounds + 1):
         for j, plan in enumerate(plans):
             if not alive[j]:
@@ -279,18 +315,26 @@ def drift_rounds(
                 alive[j] = False
                 continue
             sums[:, j] = [np.add.reduce(lrs**p) for p in (1, 2, 3)]
+            window = windows[j]
+            seen = len(lrs) if window is None else min(window, len(lrs))
+            wsums[:, j] = [np.add.reduce(lrs[:seen] ** p) for p in (1, 2, 3)]
+            samples[j] = seen * batch
             last[j] = lrs[-1]
         if not alive.any():
             break
-        S1, S2, S3 = (x[:, None, None] for x in sums)
-        shrink = np.exp(-h[None] * S1 - h[None] ** 2 * S2 / 2 - h[None] ** 3 * S3 / 3)  # (C, N, d)
         delta = control.mean(axis=1, keepdims=True) - control  # (C, N, d)
         # One pass over the bases: both vectors of every plan in client c's eigenbasis.
         both = np.concatenate([np.broadcast_to(e[:, None, :], (C, n, d)), m.gradients[None] + delta], axis=0)
         local = np.matmul(Vt, both.transpose(1, 2, 0))  # (N, d, 2C)
         ue, ug = local[..., :C].transpose(2, 0, 1), local[..., C:].transpose(2, 0, 1)
-        moved = np.matmul(V, (shrink * ue - (1.0 - shrink) / h[None] * ug).transpose(1, 2, 0)).transpose(2, 0, 1)
-        control = -delta + (e[:, None, :] - moved) / S1
+        moved = _moved(h, V, ue, ug, sums)
+        measured = moved.copy()
+        if windowed.any():
+            measured[windowed] = _moved(h, V, ue[windowed], ug[windowed], wsums[:, windowed])
+        control = -delta + (e[:, None, :] - measured) / wsums[0][:, None, None]
+        if m.spreads:
+            draw = np.stack([f.T @ rng.standard_normal(f.shape[0]) for f in m.spreads])  # (N, d) ~ N(0, Sigma_c)
+            control += draw[None] / np.sqrt(samples)[:, None, None]
         e = moved.mean(axis=1)
         if r % every:
             continue
@@ -524,7 +568,10 @@ def drift_pick(
     candidates = drift_candidates(e)
     context = PlanContext(num_samples=e.n, num_clients=e.num_clients, lam=e.mu, iid=False)
     plans = [method_config(STLSCConfig(auto=True, batch=batch), c).plan(context) for c in candidates]
-    rounds = drift_rounds(m, plans, batch=batch, every=eval_every, max_rounds=stl - 1, budget=max_iterations)
+    windows = [c.get("drift_window") for c in candidates]
+    rounds = drift_rounds(
+        m, plans, windows=windows, batch=batch, every=eval_every, max_rounds=stl - 1, budget=max_iterations
+    )
     found = [(r, i) for i, r in enumerate(rounds) if r is not None]
     if not found:
         return None
@@ -537,7 +584,9 @@ def drift_candidates(e: Estimates) -> list[dict[str, Any]]:
     """What :func:`drift_pick` chooses from, at one client's step 1/(2L) (each client runs alone for a round):
     Local SGD + drift with a period of DRIFT_PERIODS and an lr_decay of DRIFT_DECAYS mu lr, and STL-SGD^sc + drift
     with Algorithm 2's stages (eta halves, T and k double) from T_1 = DRIFT_LR_T1 / (mu lr) and k_1 of
-    DRIFT_K1 (at most T_1), T_1 without a last round of under a quarter of k_1 (:func:`whole_rounds`)."""
+    DRIFT_K1 (at most T_1), T_1 without a last round of under a quarter of k_1 (:func:`whole_rounds`); each with
+    option II's control variates and then with each ``drift_window`` of DRIFT_WINDOWS (for Local SGD, those
+    shorter than its period; the unwindowed candidates come first, so a tie keeps option II)."""
     lr = 1.0 / (2.0 * e.L)
     local = [
         {"method": "local_sgd", "lr": lr, "lr_decay": decay * e.mu * lr, "k": float(k), "drift": True}
@@ -563,7 +612,9 @@ def drift_candidates(e: Estimates) -> list[dict[str, Any]]:
                     "rounds_per_stage": math.ceil(T / k),
                 }
             )
-    return local + stagewise
+    plain: list[dict[str, Any]] = local + stagewise
+    windowed = [{**c, "drift_window": w} for w in DRIFT_WINDOWS for c in plain if c["method"] == "stl_sc" or w < c["k"]]
+    return plain + windowed
 
 
 def whole_rounds(T1: int, k: int) -> int:
@@ -611,11 +662,14 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
                 f"STL-SGD^sc + drift correction, lr = {proposal['lr']:.6g} (1/(2L)), T1 = {proposal['T1']}, k = "
                 f"{proposal['k']:g} ({proposal['rounds_per_stage']} rounds a stage; eta halves, T and k double)"
             )
+        if proposal.get("drift_window") is not None:
+            plan += f", control variates from each round's first {proposal['drift_window']} steps (drift_window)"
         rule = (
             f"{plan}: in the clients' quadratic models at x* it reaches the target in {proposal['model_rounds']} "
             f"rounds, the fewest of Local SGD + drift (k in {', '.join(map(str, DRIFT_PERIODS))}, lr_decay in "
             f"{{{', '.join(f'{d:g}' for d in DRIFT_DECAYS)}}} mu lr) and STL-SGD^sc + drift (lr T1 in "
-            f"{{{', '.join(f'{d:g}' for d in DRIFT_LR_T1)}}} / mu, k in {', '.join(map(str, DRIFT_K1))}), and fewer "
+            f"{{{', '.join(f'{d:g}' for d in DRIFT_LR_T1)}}} / mu, k in {', '.join(map(str, DRIFT_K1))}), each "
+            f"with option II's control variates or a drift_window of {', '.join(map(str, DRIFT_WINDOWS))}, and fewer "
             f"than the {proposal['stl_rounds']} STL-SGD^sc's stationary stages would take (eta halved down to the "
             "clients' averaged noise, two windows of the stationarity test a stage)"
         )
