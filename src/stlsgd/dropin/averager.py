@@ -28,6 +28,7 @@ from stlsgd.executors.rules import (
     OptimizerState,
     accumulate_gradients,
     add_proximal,
+    check_drift_window,
     check_optimizer_state,
     control_from_gradients,
     drift_correction,
@@ -74,8 +75,7 @@ class PlanAverager:
         if log_every is not None and log_every < 1:
             raise StlsgdError(f"log_every: must be >= 1 round, got {log_every}")
         self.plan_lr, self.optimizer_state, self.lr_group = plan_lr, optimizer_state, lr_group
-        if drift_window is not None and (not drift or drift_window < 1):
-            raise StlsgdError(f"drift_window: needs drift=True and at least 1 step, got {drift_window!r}")
+        check_drift_window(drift, drift_window)
         self.outer, self.drift, self.drift_window = outer, bool(drift), drift_window
         self.driver = PlanDriver(plan)
         # Only the caller's own group is kept: holding the default group's object past the user's

@@ -37,6 +37,12 @@ OptimizerState = Literal["average", "keep", "reset"]
 OPTIMIZER_STATES: tuple[str, ...] = ("average", "keep", "reset")
 
 
+def check_drift_window(drift: bool, window: int | None) -> None:
+    """A drift window (:attr:`RoundRule.drift_window`) needs drift correction and at least one step."""
+    if window is not None and (not drift or window < 1):
+        raise StlsgdError(f"drift_window: needs drift=True and at least 1 step, got {window!r}")
+
+
 @dataclass(frozen=True)
 class RoundRule:
     """How a round updates the model besides the plan's local steps.
@@ -57,6 +63,9 @@ class RoundRule:
     drift: bool = False
     drift_window: int | None = None
     outer: OuterNesterov | None = None
+
+    def __post_init__(self) -> None:
+        check_drift_window(self.drift, self.drift_window)
 
     def control_steps(self, steps: int) -> int:
         """How many of a round's ``steps`` local steps its control variates are taken over."""

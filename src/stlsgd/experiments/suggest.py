@@ -328,8 +328,9 @@ def drift_rounds(
         local = np.matmul(Vt, both.transpose(1, 2, 0))  # (N, d, 2C)
         ue, ug = local[..., :C].transpose(2, 0, 1), local[..., C:].transpose(2, 0, 1)
         moved = _moved(h, V, ue, ug, sums)
-        measured = moved.copy()
+        measured = moved  # where each plan's control variates are read: its window's end, else the round's
         if windowed.any():
+            measured = moved.copy()
             measured[windowed] = _moved(h, V, ue[windowed], ug[windowed], wsums[:, windowed])
         control = -delta + (e[:, None, :] - measured) / wsums[0][:, None, None]
         if m.spreads:

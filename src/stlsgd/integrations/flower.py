@@ -71,7 +71,7 @@ from torch import nn
 from stlsgd.algorithms.driver import PlanDriver
 from stlsgd.algorithms.plan import Cursor, Feedback, Plan, Round
 from stlsgd.errors import StlsgdError, brief
-from stlsgd.executors.rules import add_proximal, drift_correction, update_control
+from stlsgd.executors.rules import add_proximal, check_drift_window, drift_correction, update_control
 from stlsgd.integrations import missing
 
 try:
@@ -277,8 +277,7 @@ class StlsgdFedAvg(FedAvg):
         super().__init__(**fedavg_options)
         if max_iterations is not None and max_iterations < 1:
             raise StlsgdError(f"max_iterations: must be >= 1 local step, got {max_iterations}")
-        if drift_window is not None and (not drift or drift_window < 1):
-            raise StlsgdError(f"drift_window: needs drift=True and at least 1 step, got {drift_window!r}")
+        check_drift_window(drift, drift_window)
         if example_cap is not None and not (math.isfinite(example_cap) and example_cap >= 1):
             raise StlsgdError(f"example_cap: must be a finite number >= 1 (or None), got {example_cap}")
         if max_update_ratio is not None and not (math.isfinite(max_update_ratio) and max_update_ratio >= 1):
