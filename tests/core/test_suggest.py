@@ -252,6 +252,7 @@ def test_the_clients_model_rounds_by_hand() -> None:
     assert drift_rounds(one, [local], every=1, max_rounds=5) == [None]  # not within max_rounds
     assert drift_rounds(one, [local], every=1, max_rounds=100, budget=59) == [None]  # 5 rounds of 10
     assert drift_rounds(one, [LocalSGD(lr=2.0, k=10)], every=1, max_rounds=100) == [None]  # lr h = 1: no contraction
+    assert drift_rounds(one, [LocalSGD(lr=1e-7, k=2**20 + 1)], every=1, max_rounds=100) == [None]  # over the cap
     # plans run side by side, each as alone: a round of 20 steps squares s (round 3: 0.25 s^12 = 5.3e-4)
     assert drift_rounds(one, [local, LocalSGD(lr=0.1, k=20)], every=1, max_rounds=100) == [6, 3]
     # Noise: the averaged last step's eta noise / (4 N) = 0.1 * 0.05 / 4 = 1.25e-3 > 1e-3, never without a decay.
@@ -291,6 +292,12 @@ def test_the_clients_model_with_control_variates_from_a_rounds_first_steps() -> 
     rounds = drift_rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100)
     assert rounds[0] is None and rounds[1] is not None and rounds[2] is not None
     assert rounds == drift_rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100)
+    # The draw is at WINDOW_NOISE (2) times Sigma_c / W: the same rounds as a standard deviation of 10 sqrt(2) at 1.
+    louder = _clients([0.5, 2.0], [-0.2, 0.2], spread=10.0 * math.sqrt(2.0))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(suggest, "WINDOW_NOISE", 1.0)
+        assert drift_rounds(louder, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100) == rounds
+        assert drift_rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100) != rounds
 
 
 def test_stl_rounds_count_the_halvings_down_to_the_noise() -> None:
