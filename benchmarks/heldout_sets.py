@@ -1,0 +1,120 @@
+"""The small Non-IID sets `algorithm.auto` is measured on besides Table 2+ (docs/results/schedules.md, *Tuning-free
+default*), written as LIBSVM files with a run config for each, so that anyone can rerun those rows:
+
+    .venv/bin/python benchmarks/heldout_sets.py OUT
+    .venv/bin/stlsgd run OUT/parity.toml --data-dir ../shared/data --set run.seed=0   # auto, seed 0
+
+Each config is mushrooms' held-out base (docs/results/heldout_data/mushrooms_noniid.toml: label-sorted clients,
+s = 50, target gap 1e-4, 2 M iterations, an evaluation every five rounds) with ``algorithm.auto = true``; a grid
+over one of them is that base's sweep file with ``data.dataset`` and ``data.num_clients`` set as here. The
+features are scikit-learn's, MinMax-scaled (digits: pixels / 16); labels +1 / -1. The registered sets (digits
+4/9, mushrooms, w8a) need no file: their configs name them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from sklearn.datasets import (
+    dump_svmlight_file,
+    load_breast_cancer,
+    load_digits,
+    load_wine,
+    make_classification,
+    make_hastie_10_2,
+)
+from sklearn.preprocessing import MinMaxScaler
+
+Data = tuple[np.ndarray, np.ndarray]
+
+
+def _scaled(X: np.ndarray, y: np.ndarray) -> Data:
+    return MinMaxScaler().fit_transform(X), y
+
+
+def _classification(seed: int, n: int, d: int, informative: int, flip: float) -> Callable[[], Data]:
+    def make() -> Data:
+        X, y = make_classification(n_samples=n, n_features=d, n_informative=informative, random_state=seed, flip_y=flip)
+        return _scaled(X, 2 * y - 1)
+
+    return make
+
+
+def _digits(positive: Callable[[np.ndarray], np.ndarray], keep: tuple[int, ...] | None = None) -> Callable[[], Data]:
+    def make() -> Data:
+        d = load_digits()
+        rows = np.ones(len(d.target), dtype=bool) if keep is None else np.isin(d.target, keep)
+        return d.data[rows] / 16.0, np.where(positive(d.target[rows]), 1, -1)
+
+    return make
+
+
+def _breast_cancer() -> Data:
+    b = load_breast_cancer()
+    return _scaled(b.data, 2 * b.target - 1)
+
+
+def _wine() -> Data:
+    w = load_wine()
+    return _scaled(w.data, np.where(w.target == 1, 1, -1))
+
+
+def _hastie() -> Data:
+    X, y = make_hastie_10_2(n_samples=6000, random_state=5)
+    return _scaled(X, y.astype(int))
+
+
+#: name -> (how the set is made, clients)
+SETS: dict[str, tuple[Callable[[], Data], int]] = {
+    "breast_cancer": (_breast_cancer, 8),
+    "wine": (_wine, 8),
+    "digits38": (_digits(lambda t: t == 3, (3, 8)), 8),
+    "digits17": (_digits(lambda t: t == 1, (1, 7)), 8),
+    "digits25": (_digits(lambda t: t == 2, (2, 5)), 8),
+    "parity": (_digits(lambda t: t % 2 == 0), 8),
+    "classification11": (_classification(11, 8000, 40, 12, 0.03), 16),
+    "classification23": (_classification(23, 5000, 50, 15, 0.04), 16),
+    "classification41": (_classification(41, 4000, 30, 10, 0.02), 16),
+    "classification57": (_classification(57, 5000, 40, 12, 0.03), 16),
+    "hastie": (_hastie, 16),
+}
+#: registered sets: name -> clients
+REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16}
+
+CONFIG = """name = "{name}"
+[data]
+dataset = "{dataset}"
+num_clients = {clients}
+partition = "noniid"
+s = 50
+[run]
+target_gap = 1e-4
+max_iterations = 2_000_000
+eval_every = 5
+max_rounds = 30000
+[algorithm]
+method = "stl_sc"
+auto = true
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="directory for the .svm files and the configs")
+    out = parser.parse_args().out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (make, clients) in SETS.items():
+        X, y = make()
+        dump_svmlight_file(X, y, str(out / f"{name}.svm"), zero_based=False)
+        (out / f"{name}.toml").write_text(CONFIG.format(name=name, dataset=out / f"{name}.svm", clients=clients))
+        print(f"{name}: {X.shape[0]} x {X.shape[1]}, {clients} clients")
+    for name, clients in REGISTERED.items():
+        (out / f"{name}.toml").write_text(CONFIG.format(name=name, dataset=name, clients=clients))
+        print(f"{name}: registered, {clients} clients")
+
+
+if __name__ == "__main__":
+    main()
