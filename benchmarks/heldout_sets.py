@@ -2,10 +2,11 @@
 default*), written as LIBSVM files with a run config for each, so that anyone can rerun those rows:
 
     .venv/bin/python benchmarks/heldout_sets.py OUT
-    .venv/bin/stlsgd run OUT/parity.toml --data-dir ../shared/data --set run.seed=0   # auto, seed 0
+    .venv/bin/stlsgd run OUT/parity.yaml --data-dir ../shared/data --set run.seed=0   # auto, seed 0
 
-Each config is mushrooms' held-out base (docs/results/heldout_data/mushrooms_noniid.toml: label-sorted clients,
-s = 50, target gap 1e-4, 2 M iterations, an evaluation every five rounds) with ``algorithm.auto = true``; a grid
+Each config is mushrooms' held-out base (the ``base`` of BASE, docs/results/heldout_data/mushrooms_noniid.toml:
+label-sorted clients, s = 50, target gap 1e-4, 2 M iterations, an evaluation every five rounds), read from that
+file, with the set's data and clients and ``algorithm.auto = true``; a grid
 over one of them is that base's sweep file with ``data.dataset`` and ``data.num_clients`` set as here. The
 features are scikit-learn's, MinMax-scaled (digits: pixels / 16); labels +1 / -1. The registered sets (digits
 4/9, mushrooms, w8a) need no file: their configs name them.
@@ -27,6 +28,8 @@ from sklearn.datasets import (
     make_hastie_10_2,
 )
 from sklearn.preprocessing import MinMaxScaler
+
+from stlsgd.experiments.config import dump_config, load_config
 
 Data = tuple[np.ndarray, np.ndarray]
 
@@ -83,22 +86,13 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16}
+BASE = Path(__file__).resolve().parent.parent / "docs" / "results" / "heldout_data" / "mushrooms_noniid.toml"
 
-CONFIG = """name = "{name}"
-[data]
-dataset = "{dataset}"
-num_clients = {clients}
-partition = "noniid"
-s = 50
-[run]
-target_gap = 1e-4
-max_iterations = 2_000_000
-eval_every = 5
-max_rounds = 30000
-[algorithm]
-method = "stl_sc"
-auto = true
-"""
+
+def write_config(out: Path, name: str, dataset: str, clients: int) -> None:
+    """OUT/NAME.yaml: BASE's experiment on ``dataset`` with ``clients`` clients, run by ``algorithm.auto``."""
+    overrides = [f"name={name}", f"data.dataset={dataset}", f"data.num_clients={clients}", "algorithm.auto=true"]
+    dump_config(load_config(BASE, overrides, sweep_base=True), out / f"{name}.yaml")
 
 
 def main() -> None:
@@ -109,10 +103,10 @@ def main() -> None:
     for name, (make, clients) in SETS.items():
         X, y = make()
         dump_svmlight_file(X, y, str(out / f"{name}.svm"), zero_based=False)
-        (out / f"{name}.toml").write_text(CONFIG.format(name=name, dataset=out / f"{name}.svm", clients=clients))
+        write_config(out, name, str(out / f"{name}.svm"), clients)
         print(f"{name}: {X.shape[0]} x {X.shape[1]}, {clients} clients")
     for name, clients in REGISTERED.items():
-        (out / f"{name}.toml").write_text(CONFIG.format(name=name, dataset=name, clients=clients))
+        write_config(out, name, name, clients)
         print(f"{name}: registered, {clients} clients")
 
 
