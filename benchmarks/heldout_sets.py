@@ -24,6 +24,7 @@ from sklearn.datasets import (
     load_breast_cancer,
     load_digits,
     load_wine,
+    make_blobs,
     make_classification,
     make_hastie_10_2,
 )
@@ -70,6 +71,11 @@ def _hastie() -> Data:
     return _scaled(X, y.astype(int))
 
 
+def _blobs() -> Data:
+    X, y = make_blobs(n_samples=5000, centers=2, n_features=20, cluster_std=6.0, random_state=3)
+    return _scaled(X, 2 * y - 1)
+
+
 #: name -> (how the set is made, clients)
 SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "breast_cancer": (_breast_cancer, 8),
@@ -83,6 +89,9 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "classification41": (_classification(41, 4000, 30, 10, 0.02), 16),
     "classification57": (_classification(57, 5000, 40, 12, 0.03), 16),
     "hastie": (_hastie, 16),
+    "classification77": (_classification(77, 6000, 25, 8, 0.05), 16),
+    "digits06": (_digits(lambda t: t == 0, (0, 6)), 8),
+    "blobs": (_blobs, 16),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16}

@@ -33,6 +33,7 @@ from stlsgd.experiments.suggest import (
     Estimates,
     drift_rounds,
     estimate,
+    median_rounds,
     method_config,
     model_gap,
     one_round,
@@ -298,6 +299,23 @@ def test_the_clients_model_with_control_variates_from_a_rounds_first_steps() -> 
         mp.setattr(suggest, "WINDOW_NOISE", 1.0)
         assert drift_rounds(louder, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100) == rounds
         assert drift_rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100) != rounds
+
+
+def test_median_rounds_over_draws_reruns_only_the_open_candidates() -> None:
+    # Scripted draws (None: not reached, above every number). Candidate 0 reaches at 5 twice and candidate 1 never
+    # twice: after two draws of three their medians are settled, and the third draw runs only candidates 2 and 3,
+    # whose medians are those of (5, 10, 15) and (None, 5, 20).
+    script = {0: [5, None, 5, None], 1: [5, None, 10, 5], 2: [99, 99, 15, 20]}
+    calls: list[tuple[list[int], int]] = []
+
+    def run(chosen: list[int], seed: int) -> list[int | None]:
+        calls.append((chosen, seed))
+        return [script[seed][j] for j in chosen]
+
+    assert median_rounds(run, 4, draws=3) == [5, None, 10, 20]
+    assert calls == [([0, 1, 2, 3], 0), ([0, 1, 2, 3], 1), ([2, 3], 2)]
+    calls.clear()
+    assert median_rounds(run, 4, draws=1) == [5, None, 5, None] and calls == [([0, 1, 2, 3], 0)]
 
 
 def test_stl_rounds_count_the_halvings_down_to_the_noise() -> None:
