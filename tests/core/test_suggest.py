@@ -31,6 +31,7 @@ from stlsgd.experiments.suggest import (
     AtOptimum,
     ClientsAtOptimum,
     Estimates,
+    PlanRounds,
     drift_rounds,
     estimate,
     median_rounds,
@@ -293,6 +294,11 @@ def test_the_clients_model_with_control_variates_from_a_rounds_first_steps() -> 
     rounds = drift_rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100)
     assert rounds[0] is None and rounds[1] is not None and rounds[2] is not None
     assert rounds == drift_rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100)
+    # The plans' rounds built once (PlanRounds) and read by two calls, as the draws of median_rounds read them:
+    # the same answer.
+    built = [PlanRounds(long, w, 1, None, float(noisy.curvatures.max())) for w in (1, 20, None)]
+    for _ in range(2):
+        assert drift_rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100, built=built) == rounds
     # The draw is at WINDOW_NOISE (2) times Sigma_c / W: the same rounds as a standard deviation of 10 sqrt(2) at 1.
     louder = _clients([0.5, 2.0], [-0.2, 0.2], spread=10.0 * math.sqrt(2.0))
     with pytest.MonkeyPatch.context() as mp:

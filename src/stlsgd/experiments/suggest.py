@@ -281,6 +281,43 @@ def _moved(h: np.ndarray, V: np.ndarray, ue: np.ndarray, ug: np.ndarray, sums: n
     return np.matmul(V, step.transpose(1, 2, 0)).transpose(2, 0, 1)
 
 
+class PlanRounds:
+    """One plan's rounds as :func:`drift_rounds` reads them: per round the sums S_j = sum_t eta_t^j (j = 1, 2, 3)
+    of its learning rates and of its window's, its last learning rate and its window's samples; None from the
+    round it stops at (over the plans' cap on a period or over ``budget``, or a first step that would not contract:
+    lr ``h_max`` >= 1). Built as far as asked and kept: a plan's rounds do not depend on the noise, so the draws of
+    :func:`median_rounds` build them once."""
+
+    def __init__(self, plan: Plan, window: int | None, batch: int, budget: int | None, h_max: float) -> None:
+        self._plan, self._window, self._batch, self._budget, self._h_max = plan, window, batch, budget, h_max
+        self._cursor = Cursor()
+        self._rounds: list[tuple[list[float], list[float], float, float]] = []
+        self._stopped = False
+
+    def __getitem__(self, r: int) -> tuple[list[float], list[float], float, float] | None:
+        while len(self._rounds) <= r and not self._stopped:
+            rnd = self._plan.next_round(self._cursor)
+            self._cursor = self._plan.advance(self._cursor, rnd)
+            # A round over the plans' cap on a period (a stage of Algorithm 2 without a budget) is out of reach.
+            if rnd.steps > DEFAULT_K_MAX or (self._budget is not None and self._cursor.iteration > self._budget):
+                self._stopped = True
+                break
+            lrs = rnd.learning_rates()
+            if lrs[0] * self._h_max >= 1.0:
+                self._stopped = True
+                break
+            seen = len(lrs) if self._window is None else min(self._window, len(lrs))
+            self._rounds.append(
+                (
+                    [np.add.reduce(lrs**p) for p in (1, 2, 3)],
+                    [np.add.reduce(lrs[:seen] ** p) for p in (1, 2, 3)],
+                    float(lrs[-1]),
+                    float(seen * self._batch),
+                )
+            )
+        return self._rounds[r] if r < len(self._rounds) else None
+
+
 def drift_rounds(
     m: ClientsAtOptimum,
     plans: Sequence[Plan],
@@ -291,6 +328,7 @@ def drift_rounds(
     max_rounds: int,
     budget: int | None = None,
     seed: int = 0,
+    built: Sequence[PlanRounds] | None = None,
 ) -> list[int | None]:
     """For each plan (its rounds as it gives them without feedback): the rounds it takes, with drift correction
     (SCAFFOLD, option II; with ``windows[j]`` = W, the control variates from each round's first W steps,
@@ -309,13 +347,17 @@ def drift_rounds(
     and x <- mean_c y_c. The gap at an evaluation is the bias (x - x*)^T H (x - x*) / 2 plus the N clients'
     averaged noise at the round's last step, eta sigma_c^2 / (4 N batch) (sigma_c^2 the clients' own variance,
     :attr:`ClientsAtOptimum.noise`). The plans run side by side, so that each pass over the N x d x d eigenbases
-    serves all of them."""
+    serves all of them. ``built``: the plans' :class:`PlanRounds` from an earlier call (the same plans, windows,
+    batch and budget), which this one reads instead of building them again."""
     h, V = m.curvatures, m.bases
     n, d = h.shape
     C = len(plans)
     windows = [None] * C if windows is None else list(windows)
     windowed = np.array([w is not None for w in windows])
-    cursors = [Cursor() for _ in plans]
+    if built is None:
+        built = [
+            PlanRounds(plan, window, batch, budget, float(h.max())) for plan, window in zip(plans, windows, strict=True)
+        ]
     e = np.tile(-m.x, (C, 1))  # x - x*, from x_0 = 0
     control = np.zeros((C, n, d))
     reached: list[int | None] = [None] * C
@@ -325,25 +367,12 @@ def drift_rounds(
     sums, wsums, last, samples = np.ones((3, C)), np.ones((3, C)), np.zeros(C), np.ones(C)
     rng = np.random.default_rng(seed)
     for r in range(1, max_rounds + 1):
-        for j, plan in enumerate(plans):
-            if not alive[j]:
-                continue
-            rnd = plan.next_round(cursors[j])
-            cursors[j] = plan.advance(cursors[j], rnd)
-            # A round over the plans' cap on a period (a stage of Algorithm 2 without a budget) is out of reach.
-            if rnd.steps > DEFAULT_K_MAX or (budget is not None and cursors[j].iteration > budget):
+        for j in np.flatnonzero(alive).tolist():
+            got = built[j][r - 1]
+            if got is None:
                 alive[j] = False
                 continue
-            lrs = rnd.learning_rates()
-            if lrs[0] * h.max() >= 1.0:
-                alive[j] = False
-                continue
-            sums[:, j] = [np.add.reduce(lrs**p) for p in (1, 2, 3)]
-            window = windows[j]
-            seen = len(lrs) if window is None else min(window, len(lrs))
-            wsums[:, j] = [np.add.reduce(lrs[:seen] ** p) for p in (1, 2, 3)]
-            samples[j] = seen * batch
-            last[j] = lrs[-1]
+            sums[:, j], wsums[:, j], last[j], samples[j] = got
         if not alive.any():
             break
         delta = control.mean(axis=1, keepdims=True) - control  # (C, N, d)
@@ -595,6 +624,8 @@ def drift_pick(
     context = PlanContext(num_samples=e.n, num_clients=e.num_clients, lam=e.mu, iid=False)
     plans = [method_config(STLSCConfig(auto=True, batch=batch), c).plan(context) for c in candidates]
     windows = [c.get("drift_window") for c in candidates]
+    h_max = float(m.curvatures.max())
+    built = [PlanRounds(p, w, batch, max_iterations, h_max) for p, w in zip(plans, windows, strict=True)]
     rounds = median_rounds(
         lambda chosen, seed: drift_rounds(
             m,
@@ -605,6 +636,7 @@ def drift_pick(
             max_rounds=stl - 1,
             budget=max_iterations,
             seed=seed,
+            built=[built[j] for j in chosen],
         ),
         len(plans),
     )
@@ -827,6 +859,7 @@ __all__ = [
     "AtOptimum",
     "ClientsAtOptimum",
     "Estimates",
+    "PlanRounds",
     "asdict",
     "clients_at_optimum",
     "drift_candidates",
