@@ -63,7 +63,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -281,20 +281,29 @@ def _moved(h: np.ndarray, V: np.ndarray, ue: np.ndarray, ug: np.ndarray, sums: n
     return np.matmul(V, step.transpose(1, 2, 0)).transpose(2, 0, 1)
 
 
+class RoundSums(NamedTuple):
+    """What :func:`drift_rounds` reads of one round: S_j = sum_t eta_t^j (j = 1, 2, 3) over its learning rates and
+    over its window's, its last learning rate, and the samples its control variates are measured on."""
+
+    sums: list[float]
+    window: list[float]
+    last: float
+    samples: float
+
+
 class PlanRounds:
-    """One plan's rounds as :func:`drift_rounds` reads them: per round the sums S_j = sum_t eta_t^j (j = 1, 2, 3)
-    of its learning rates and of its window's, its last learning rate and its window's samples; None from the
-    round it stops at (over the plans' cap on a period or over ``budget``, or a first step that would not contract:
-    lr ``h_max`` >= 1). Built as far as asked and kept: a plan's rounds do not depend on the noise, so the draws of
+    """One plan's rounds as :func:`drift_rounds` reads them (:class:`RoundSums`), None from the round it stops at
+    (over the plans' cap on a period or over ``budget``, or a first step that would not contract: lr ``h_max`` >= 1).
+    Built as far as asked and kept: a plan's rounds do not depend on the noise, so the draws of
     :func:`median_rounds` build them once."""
 
     def __init__(self, plan: Plan, window: int | None, batch: int, budget: int | None, h_max: float) -> None:
         self._plan, self._window, self._batch, self._budget, self._h_max = plan, window, batch, budget, h_max
         self._cursor = Cursor()
-        self._rounds: list[tuple[list[float], list[float], float, float]] = []
+        self._rounds: list[RoundSums] = []
         self._stopped = False
 
-    def __getitem__(self, r: int) -> tuple[list[float], list[float], float, float] | None:
+    def __getitem__(self, r: int) -> RoundSums | None:
         while len(self._rounds) <= r and not self._stopped:
             rnd = self._plan.next_round(self._cursor)
             self._cursor = self._plan.advance(self._cursor, rnd)
@@ -308,7 +317,7 @@ class PlanRounds:
                 break
             seen = len(lrs) if self._window is None else min(self._window, len(lrs))
             self._rounds.append(
-                (
+                RoundSums(
                     [np.add.reduce(lrs**p) for p in (1, 2, 3)],
                     [np.add.reduce(lrs[:seen] ** p) for p in (1, 2, 3)],
                     float(lrs[-1]),
@@ -860,6 +869,7 @@ __all__ = [
     "ClientsAtOptimum",
     "Estimates",
     "PlanRounds",
+    "RoundSums",
     "asdict",
     "clients_at_optimum",
     "drift_candidates",
