@@ -152,7 +152,8 @@ WINDOW_NOISE = 2.0
 DRIFT_DRAWS = 5
 # The clients' models cost N eigendecompositions of d x d and, every model round, two products with their N x d x d
 # eigenbases: both grow as N d^2. Measured with `stlsgd suggest` on this 2-core machine: MNIST 4/9, 32 clients x
-# 784^2 = 2.0e7, 45 s and 0.7 GB; 16 clients of 2,000 features, 6.4e7, 433 s and 2.0 GB, longer than the run it
+# 784^2 = 2.0e7, 45 s and 0.7 GB when the model had fewer candidates and one draw, 228 s and 1.3 GB now (234
+# candidates, five draws); 16 clients of 2,000 features, 6.4e7, 433 s and 2.0 GB then, longer than the run it
 # plans. Above CLIENT_MODEL_SIZE (N d^2) they are not built, and auto runs the stationary stages.
 CLIENT_MODEL_SIZE = 2**25
 
