@@ -6,8 +6,12 @@ default*), written as LIBSVM files with a run config for each, so that anyone ca
 
 Each config is mushrooms' held-out base (the ``base`` of BASE, docs/results/heldout_data/mushrooms_noniid.toml:
 label-sorted clients, s = 50, target gap 1e-4, 2 M iterations, an evaluation every five rounds), read from that
-file, with the set's data and clients and ``algorithm.auto = true``; a grid
-over one of them is that base's sweep file with ``data.dataset`` and ``data.num_clients`` set as here. The
+file, with the set's data and clients and ``algorithm.auto = true``. Beside it OUT/NAME.sweep.yaml is the grid
+``auto`` is measured against: BASE's rows and a windowed Local SGD + drift row (WINDOWED), walked (``search =
+"descent"``) at seeds 0-2:
+
+    .venv/bin/stlsgd sweep OUT/parity.sweep.yaml --data-dir ../shared/data --jobs 2 --out OUT/parity_grid
+ The
 features are scikit-learn's, MinMax-scaled (digits: pixels / 16); labels +1 / -1. The registered sets (digits
 4/9, mushrooms, w8a) need no file: their configs name them.
 """
@@ -15,10 +19,12 @@ features are scikit-learn's, MinMax-scaled (digits: pixels / 16); labels +1 / -1
 from __future__ import annotations
 
 import argparse
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import yaml
 from sklearn.datasets import (
     dump_svmlight_file,
     load_breast_cancer,
@@ -96,12 +102,33 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16}
 BASE = Path(__file__).resolve().parent.parent / "docs" / "results" / "heldout_data" / "mushrooms_noniid.toml"
+#: The row of windowed Local SGD + drift (control variates from a round's first W steps) the grids add to BASE's.
+WINDOWED = {
+    "method": "local_sgd",
+    "label": "Local SGD + drift, window",
+    "grid": {
+        "lr": [0.32, 0.032, 3.2],
+        "lr_decay": [1e-4, 1e-5, 1e-3],
+        "k": [20480, 5120, 81920, 1280, 327680],
+        "drift_window": [1024, 256, 4096],
+    },
+    "fixed": {"drift": True},
+}
 
 
 def write_config(out: Path, name: str, dataset: str, clients: int) -> None:
     """OUT/NAME.yaml: BASE's experiment on ``dataset`` with ``clients`` clients, run by ``algorithm.auto``."""
     overrides = [f"name={name}", f"data.dataset={dataset}", f"data.num_clients={clients}", "algorithm.auto=true"]
     dump_config(load_config(BASE, overrides, sweep_base=True), out / f"{name}.yaml")
+
+
+def write_sweep(out: Path, name: str, dataset: str, clients: int) -> None:
+    """OUT/NAME.sweep.yaml: BASE's rows and WINDOWED on ``dataset`` with ``clients`` clients, walked at seeds 0-2."""
+    spec = tomllib.loads(BASE.read_text())
+    spec.update(name=f"held_{name}", title=f"{name} (Non-IID), held out", search="descent", seeds=[0, 1, 2])
+    spec["base"]["data"].update(dataset=dataset, num_clients=clients)
+    spec["methods"].append(WINDOWED)
+    (out / f"{name}.sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
 
 
 def main() -> None:
@@ -113,9 +140,11 @@ def main() -> None:
         X, y = make()
         dump_svmlight_file(X, y, str(out / f"{name}.svm"), zero_based=False)
         write_config(out, name, str(out / f"{name}.svm"), clients)
+        write_sweep(out, name, str(out / f"{name}.svm"), clients)
         print(f"{name}: {X.shape[0]} x {X.shape[1]}, {clients} clients")
     for name, clients in REGISTERED.items():
         write_config(out, name, name, clients)
+        write_sweep(out, name, name, clients)
         print(f"{name}: registered, {clients} clients")
 
 
