@@ -11,8 +11,8 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
 "descent"``) at seeds 0-2:
 
     .venv/bin/stlsgd sweep OUT/parity.sweep.yaml --data-dir ../shared/data --jobs 2 --out OUT/parity_grid
- The
-features are scikit-learn's, MinMax-scaled (digits: pixels / 16); labels +1 / -1. The registered sets (digits
+
+The features are scikit-learn's, MinMax-scaled (digits: pixels / 16); labels +1 / -1. The registered sets (digits
 4/9, mushrooms, w8a) need no file: their configs name them.
 """
 
