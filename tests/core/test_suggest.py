@@ -31,13 +31,13 @@ from stlsgd.experiments.suggest import (
     AtOptimum,
     ClientsAtOptimum,
     Estimates,
-    PlanRounds,
     drift_rounds,
     estimate,
     median_rounds,
     method_config,
     model_gap,
     one_round,
+    plan_rounds,
     propose,
     round_in_steps,
     stl_rounds,
@@ -243,68 +243,75 @@ def _clients(
     )
 
 
+def _rounds(
+    m: ClientsAtOptimum, plans: list, windows: list | None = None, budget: int | None = None, **kw: int
+) -> list[int | None]:
+    """:func:`drift_rounds` of ``plans`` (with ``windows``, within ``budget``) in the clients' models ``m``."""
+    return drift_rounds(m, plan_rounds(m, plans, windows, budget=budget), **kw)
+
+
 def test_the_clients_model_rounds_by_hand() -> None:
     # One client, h = 0.5, x* = 1 (x_0 = 0: error -1), lr 0.1, k = 10 steps, no decay: S1 = 1, S2 = 0.1, S3 = 0.01,
     # a round multiplies the error by s = exp(-0.5 - 0.25 * 0.1 / 2 - 0.125 * 0.01 / 3) = 0.598737 (= 0.95^10 to
     # 6 digits). The gap 0.25 s^(2r) <= 1e-3 from r >= ln(0.004) / (2 ln s) = 5.38: round 6, or the evaluation at 10.
     one = _clients(0.5, [0.0])
     local = LocalSGD(lr=0.1, k=10)
-    assert drift_rounds(one, [local], every=1, max_rounds=100) == [6]
-    assert drift_rounds(one, [local], every=5, max_rounds=100) == [10]
-    assert drift_rounds(one, [local], every=1, max_rounds=5) == [None]  # not within max_rounds
-    assert drift_rounds(one, [local], every=1, max_rounds=100, budget=59) == [None]  # 5 rounds of 10
-    assert drift_rounds(one, [LocalSGD(lr=2.0, k=10)], every=1, max_rounds=100) == [None]  # lr h = 1: no contraction
-    assert drift_rounds(one, [LocalSGD(lr=1e-7, k=2**20 + 1)], every=1, max_rounds=100) == [None]  # over the cap
+    assert _rounds(one, [local], every=1, max_rounds=100) == [6]
+    assert _rounds(one, [local], every=5, max_rounds=100) == [10]
+    assert _rounds(one, [local], every=1, max_rounds=5) == [None]  # not within max_rounds
+    assert _rounds(one, [local], every=1, max_rounds=100, budget=59) == [None]  # 5 rounds of 10
+    assert _rounds(one, [LocalSGD(lr=2.0, k=10)], every=1, max_rounds=100) == [None]  # lr h = 1: no contraction
+    assert _rounds(one, [LocalSGD(lr=1e-7, k=2**20 + 1)], every=1, max_rounds=100) == [None]  # over the cap
     # plans run side by side, each as alone: a round of 20 steps squares s (round 3: 0.25 s^12 = 5.3e-4)
-    assert drift_rounds(one, [local, LocalSGD(lr=0.1, k=20)], every=1, max_rounds=100) == [6, 3]
+    assert _rounds(one, [local, LocalSGD(lr=0.1, k=20)], every=1, max_rounds=100) == [6, 3]
     # Noise: the averaged last step's eta noise / (4 N) = 0.1 * 0.05 / 4 = 1.25e-3 > 1e-3, never without a decay.
     # STL-SGD^sc (T_1 = 20, k_1 = 10) halves eta every two rounds at S1 = 1 a round: -ln s = 0.512917 (rounds 1-2),
     # 0.506354 (3-4: S2 = 0.05, S3 = 0.0025), 0.503151 (5-6); after round 6 the bias is 0.25 exp(-2 x 3.044843) =
     # 5.67e-4 and the noise 0.025 * 0.05 / 4 = 3.1e-4: 8.8e-4, under the target (after round 5: 1.55e-3 + 3.1e-4).
     noisy = _clients(0.5, [0.0], noise=0.05)
     stl = STLSGD(lr=0.1, T1=20, k1=10)
-    assert drift_rounds(noisy, [local, stl], every=1, max_rounds=1000) == [None, 6]
+    assert _rounds(noisy, [local, stl], every=1, max_rounds=1000) == [None, 6]
     # Two clients with the same curvature and opposite gradients at x*: each round's fixed points and the control
     # variates move symmetrically, so their average runs as the one client does.
-    assert drift_rounds(_clients(0.5, [0.3, -0.3]), [local], every=1, max_rounds=100) == [6]
+    assert _rounds(_clients(0.5, [0.3, -0.3]), [local], every=1, max_rounds=100) == [6]
 
 
 def test_the_clients_model_with_control_variates_from_a_rounds_first_steps() -> None:
     # A window as long as the round is option II: the same rounds (here the hand-computed 6 above).
     local = LocalSGD(lr=0.1, k=10)
     alike = _clients(0.5, [0.3, -0.3])
-    assert drift_rounds(alike, [local, local, local], windows=[None, 10, 50], every=1, max_rounds=100) == [6, 6, 6]
+    assert _rounds(alike, [local, local, local], windows=[None, 10, 50], every=1, max_rounds=100) == [6, 6, 6]
     # Alike curvatures: the average of the clients' fixed points is x* - H^-1 mean_c (g_c + c - c_c) whatever the
     # control variates are (the corrections sum to zero), so even the noise of a one-step window cancels.
     noisy_alike = _clients(0.5, [0.3, -0.3], spread=10.0)
-    assert drift_rounds(noisy_alike, [local, local], windows=[None, 1], every=1, max_rounds=100) == [6, 6]
+    assert _rounds(noisy_alike, [local, local], windows=[None, 1], every=1, max_rounds=100) == [6, 6]
     # Curvatures 0.5 and 2, x* = 1, gradients -0.2 and 0.2 at x*: rounds of 2,000 steps at lr 0.01 (S1 = 20) bring
     # each client to its corrected fixed point. Option II's c_c is then mostly the mean gradient there, the old
     # c_c - c, and the correction catches up with the average slowly; from a round's first steps (S1 = 0.01 or 0.2)
     # c_c is near the gradient at the averaged model, and the model reaches the target in fewer rounds.
     differ = _clients([0.5, 2.0], [-0.2, 0.2])
     long = LocalSGD(lr=0.01, k=2_000)
-    one, twenty, plain = drift_rounds(differ, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100)
+    one, twenty, plain = _rounds(differ, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100)
     assert one is not None and twenty is not None and plain is not None and max(one, twenty) < plain
     # With the clients' sampling noise (standard deviation 10 a sample), a one-step window's control variates are
     # off by N(0, 100) each round; with curvatures apart that does not cancel: the average is off by
     # 0.375 (eps_2 - eps_1), about 5, and the gap stays over the target. Twenty samples, and option II's 2,000, still
     # reach it. Drawn from a fixed seed: the same answer twice.
     noisy = _clients([0.5, 2.0], [-0.2, 0.2], spread=10.0)
-    rounds = drift_rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100)
+    rounds = _rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100)
     assert rounds[0] is None and rounds[1] is not None and rounds[2] is not None
-    assert rounds == drift_rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100)
+    assert rounds == _rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100)
     # The plans' rounds built once (PlanRounds) and read by two calls, as the draws of median_rounds read them:
     # the same answer.
-    built = [PlanRounds(long, w, 1, None, float(noisy.curvatures.max())) for w in (1, 20, None)]
+    built = plan_rounds(noisy, [long] * 3, windows=[1, 20, None])
     for _ in range(2):
-        assert drift_rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100, built=built) == rounds
+        assert drift_rounds(noisy, built, every=1, max_rounds=100) == rounds
     # The draw is at WINDOW_NOISE (2) times Sigma_c / W: the same rounds as a standard deviation of 10 sqrt(2) at 1.
     louder = _clients([0.5, 2.0], [-0.2, 0.2], spread=10.0 * math.sqrt(2.0))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(suggest, "WINDOW_NOISE", 1.0)
-        assert drift_rounds(louder, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100) == rounds
-        assert drift_rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100) != rounds
+        assert _rounds(louder, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100) == rounds
+        assert _rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100) != rounds
 
 
 def test_median_rounds_over_draws_reruns_only_the_open_candidates() -> None:

@@ -296,10 +296,12 @@ class PlanRounds:
     """One plan's rounds as :func:`drift_rounds` reads them (:class:`RoundSums`), None from the round it stops at
     (over the plans' cap on a period or over ``budget``, or a first step that would not contract: lr ``h_max`` >= 1).
     Built as far as asked and kept: a plan's rounds do not depend on the noise, so the draws of
-    :func:`median_rounds` build them once."""
+    :func:`median_rounds` build them once. ``window``: the control variates from each round's first ``window``
+    steps (None: the whole round's, option II)."""
 
     def __init__(self, plan: Plan, window: int | None, batch: int, budget: int | None, h_max: float) -> None:
-        self._plan, self._window, self._batch, self._budget, self._h_max = plan, window, batch, budget, h_max
+        self.window, self.batch = window, batch
+        self._plan, self._budget, self._h_max = plan, budget, h_max
         self._cursor = Cursor()
         self._rounds: list[RoundSums] = []
         self._stopped = False
@@ -316,36 +318,41 @@ class PlanRounds:
             if lrs[0] * self._h_max >= 1.0:
                 self._stopped = True
                 break
-            seen = len(lrs) if self._window is None else min(self._window, len(lrs))
+            seen = len(lrs) if self.window is None else min(self.window, len(lrs))
             self._rounds.append(
                 RoundSums(
                     [np.add.reduce(lrs**p) for p in (1, 2, 3)],
                     [np.add.reduce(lrs[:seen] ** p) for p in (1, 2, 3)],
                     float(lrs[-1]),
-                    float(seen * self._batch),
+                    float(seen * self.batch),
                 )
             )
         return self._rounds[r] if r < len(self._rounds) else None
 
 
-def drift_rounds(
+def plan_rounds(
     m: ClientsAtOptimum,
     plans: Sequence[Plan],
-    *,
     windows: Sequence[int | None] | None = None,
     batch: int = 1,
-    every: int = 1,
-    max_rounds: int,
     budget: int | None = None,
-    seed: int = 0,
-    built: Sequence[PlanRounds] | None = None,
+) -> list[PlanRounds]:
+    """Each plan's :class:`PlanRounds` in the clients' models ``m`` (with ``windows[j]``, plan j's control variates
+    from each round's first W steps; within ``budget`` steps)."""
+    h_max = float(m.curvatures.max())
+    windows = [None] * len(plans) if windows is None else windows
+    return [PlanRounds(plan, window, batch, budget, h_max) for plan, window in zip(plans, windows, strict=True)]
+
+
+def drift_rounds(
+    m: ClientsAtOptimum, plans: Sequence[PlanRounds], *, every: int = 1, max_rounds: int, seed: int = 0
 ) -> list[int | None]:
-    """For each plan (its rounds as it gives them without feedback): the rounds it takes, with drift correction
-    (SCAFFOLD, option II; with ``windows[j]`` = W, the control variates from each round's first W steps,
-    :class:`~stlsgd.executors.rules.RoundRule`'s ``drift_window``), from x_0 = 0 to the target gap in the clients'
-    quadratic models at x*, counted at evaluations every ``every`` rounds; None when not within ``max_rounds``
-    rounds and ``budget`` steps, once a round is longer than the plans' cap on a period (DEFAULT_K_MAX), or once
-    a round's first step would not contract (lr h >= 1 for some client's curvature h).
+    """For each plan (its rounds as it gives them without feedback, :func:`plan_rounds`): the rounds it takes, with
+    drift correction (SCAFFOLD, option II; with a ``window`` W, the control variates from each round's first W
+    steps, :class:`~stlsgd.executors.rules.RoundRule`'s ``drift_window``), from x_0 = 0 to the target gap in the
+    clients' quadratic models at x*, counted at evaluations every ``every`` rounds; None when not within
+    ``max_rounds`` rounds, or where :class:`PlanRounds` stops (the budget, the plans' cap on a period, a first step
+    that would not contract).
 
     Each round, client c steps from the averaged model x with its correction delta_c = c - c_c on the round's
     learning rates eta_t: in its eigenbasis the error to its fixed point z_c = x* - H_c^-1 (g_c + delta_c) shrinks
@@ -357,17 +364,12 @@ def drift_rounds(
     and x <- mean_c y_c. The gap at an evaluation is the bias (x - x*)^T H (x - x*) / 2 plus the N clients'
     averaged noise at the round's last step, eta sigma_c^2 / (4 N batch) (sigma_c^2 the clients' own variance,
     :attr:`ClientsAtOptimum.noise`). The plans run side by side, so that each pass over the N x d x d eigenbases
-    serves all of them. ``built``: the plans' :class:`PlanRounds` from an earlier call (the same plans, windows,
-    batch and budget), which this one reads instead of building them again."""
+    serves all of them."""
     h, V = m.curvatures, m.bases
     n, d = h.shape
     C = len(plans)
-    windows = [None] * C if windows is None else list(windows)
-    windowed = np.array([w is not None for w in windows])
-    if built is None:
-        built = [
-            PlanRounds(plan, window, batch, budget, float(h.max())) for plan, window in zip(plans, windows, strict=True)
-        ]
+    windowed = np.array([p.window is not None for p in plans])
+    batch = np.array([p.batch for p in plans], dtype=float)
     e = np.tile(-m.x, (C, 1))  # x - x*, from x_0 = 0
     control = np.zeros((C, n, d))
     reached: list[int | None] = [None] * C
@@ -378,7 +380,7 @@ def drift_rounds(
     rng = np.random.default_rng(seed)
     for r in range(1, max_rounds + 1):
         for j in np.flatnonzero(alive).tolist():
-            got = built[j][r - 1]
+            got = plans[j][r - 1]
             if got is None:
                 alive[j] = False
                 continue
@@ -633,20 +635,10 @@ def drift_pick(
     candidates = drift_candidates(e)
     context = PlanContext(num_samples=e.n, num_clients=e.num_clients, lam=e.mu, iid=False)
     plans = [method_config(STLSCConfig(auto=True, batch=batch), c).plan(context) for c in candidates]
-    windows = [c.get("drift_window") for c in candidates]
-    h_max = float(m.curvatures.max())
-    built = [PlanRounds(p, w, batch, max_iterations, h_max) for p, w in zip(plans, windows, strict=True)]
+    built = plan_rounds(m, plans, [c.get("drift_window") for c in candidates], batch, max_iterations)
     rounds = median_rounds(
         lambda chosen, seed: drift_rounds(
-            m,
-            [plans[j] for j in chosen],
-            windows=[windows[j] for j in chosen],
-            batch=batch,
-            every=eval_every,
-            max_rounds=stl - 1,
-            budget=max_iterations,
-            seed=seed,
-            built=[built[j] for j in chosen],
+            m, [built[j] for j in chosen], every=eval_every, max_rounds=stl - 1, seed=seed
         ),
         len(plans),
     )
@@ -870,6 +862,7 @@ __all__ = [
     "ClientsAtOptimum",
     "Estimates",
     "PlanRounds",
+    "plan_rounds",
     "RoundSums",
     "asdict",
     "clients_at_optimum",
