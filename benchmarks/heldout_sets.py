@@ -12,7 +12,8 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
 
     .venv/bin/stlsgd sweep OUT/parity.sweep.yaml --data-dir ../shared/data --jobs 2 --out OUT/parity_grid
 
-The features are scikit-learn's, MinMax-scaled (digits: pixels / 16); labels +1 / -1. The registered sets (digits
+The features are scikit-learn's, MinMax-scaled (digits: pixels / 16), or MNIST's test split (3 against 5, pixels
+/ 255, read from the data directory: $STLSGD_DATA, e.g. ../shared/data); labels +1 / -1. The registered sets (digits
 4/9, mushrooms, w8a) need no file: their configs name them.
 """
 
@@ -22,6 +23,7 @@ import argparse
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -36,18 +38,22 @@ from sklearn.datasets import (
 )
 from sklearn.preprocessing import MinMaxScaler
 
+from stlsgd.data import mnist_binary
+from stlsgd.data.registry import resolve_data_dir
 from stlsgd.experiments.config import dump_config, load_config
 
-Data = tuple[np.ndarray, np.ndarray]
+Data = tuple[Any, np.ndarray]  # features dense or CSR, labels +1 / -1
 
 
 def _scaled(X: np.ndarray, y: np.ndarray) -> Data:
     return MinMaxScaler().fit_transform(X), y
 
 
-def _classification(seed: int, n: int, d: int, informative: int, flip: float) -> Callable[[], Data]:
+def _classification(seed: int, n: int, d: int, informative: int, flip: float, **more: Any) -> Callable[[], Data]:
     def make() -> Data:
-        X, y = make_classification(n_samples=n, n_features=d, n_informative=informative, random_state=seed, flip_y=flip)
+        X, y = make_classification(
+            n_samples=n, n_features=d, n_informative=informative, random_state=seed, flip_y=flip, **more
+        )
         return _scaled(X, 2 * y - 1)
 
     return make
@@ -77,6 +83,17 @@ def _hastie() -> Data:
     return _scaled(X, y.astype(int))
 
 
+def _mnist_test(pos: int, neg: int) -> Callable[[], Data]:
+    """MNIST's test split, ``pos`` against ``neg``: pixels / 255, from the data directory (STLSGD_DATA)."""
+
+    def make() -> Data:
+        root = resolve_data_dir() / "mnist"
+        d = mnist_binary(root / "t10k-images-idx3-ubyte.gz", root / "t10k-labels-idx1-ubyte.gz", pos, neg)
+        return d.X, d.y
+
+    return make
+
+
 def _blobs() -> Data:
     X, y = make_blobs(n_samples=5000, centers=2, n_features=20, cluster_std=6.0, random_state=3)
     return _scaled(X, 2 * y - 1)
@@ -98,6 +115,12 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "classification77": (_classification(77, 6000, 25, 8, 0.05), 16),
     "digits06": (_digits(lambda t: t == 0, (0, 6)), 8),
     "blobs": (_blobs, 16),
+    "classification91": (
+        _classification(91, 10000, 60, 20, 0.02, weights=[0.7, 0.3], class_sep=0.7),
+        32,
+    ),
+    "classification13": (_classification(13, 3000, 80, 30, 0.1, n_redundant=20), 8),
+    "mnist35_test": (_mnist_test(3, 5), 8),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16}
