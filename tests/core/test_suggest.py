@@ -368,6 +368,27 @@ def test_clients_that_differ_get_the_models_choice_where_it_reaches_sooner_than_
     assert propose(e, net)["method"] == "stl_sc"
 
 
+def test_the_models_choice_stands_up_to_twice_the_stationary_stages_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stationary stages' count is the least they spend (here 10: one stage, every = 1), so a candidate is taken
+    # while the model gives it fewer than STATIONARY_SLACK (2) times that: scripted, every candidate reaches in R
+    # rounds when R is within the max_rounds drift_pick allows.
+    e = dataclasses.replace(_estimates(num_clients=2, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3]))
+    assert stl_rounds(e, e.clients.noise, e.clients.target_gap, every=1) == 10
+    for reach in (15, 19, 20, 25):
+        monkeypatch.setattr(
+            suggest,
+            "drift_rounds",
+            lambda m, plans, *, every, max_rounds, seed=0, r=reach: [r if r <= max_rounds else None] * len(plans),
+        )
+        p = propose(e, eval_every=1)
+        if reach < 20:
+            assert (p["model_rounds"], p["stl_rounds"], p["fallback"]) == (reach, 10, None)
+        else:
+            assert p["stage_end"] == "stationary" and p["fallback"].endswith(
+                "in fewer than 20 rounds (2 x the stationary stages' count, 10)"
+            )
+
+
 def test_auto_on_clients_that_differ_runs_the_models_choice(tmp_path: Path) -> None:
     exp = Experiment.model_validate(
         {
