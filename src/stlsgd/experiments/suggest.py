@@ -119,13 +119,14 @@ DIMINISHING_BUDGET = 256
 # that reaches the target in the fewest rounds, at one client's step 1/(2L): Local SGD + drift with a period of
 # DRIFT_PERIODS and an lr_decay of DRIFT_DECAYS mu lr, or STL-SGD^sc + drift (Algorithm 2's stages) from
 # T_1 = DRIFT_LR_T1 / (mu lr) and k_1 of DRIFT_K1 -- where it is fewer than STATIONARY_SLACK times the rounds
-# STL-SGD^sc's stationary stages need at least (:func:`stl_rounds`). Measured on thirteen Non-IID sets, seeds 0-2 (docs/results/schedules.md, *Tuning-free
-# default*): the model chose a plan on eight, which took 1.16-6.3x fewer rounds than the stationary stages on six
-# of them and as many on two; on the other five auto runs the stationary stages as before. Periods up to the plans'
-# cap (2^20) and decays of 8 and 16 mu lr since a9a Non-IID's windowed Local SGD + drift took 15 rounds at k 327,680
-# (lr 3.2, lr_decay 1e-3: 3,200 / t late in a round, 10 mu lr at 1/(2L)), where the model's best up to 65,536 was 35;
-# auto's plan there (k 262,144, W 4,096) took 25 rounds at 4 mu lr and 20 at 8 (seeds 0-2). A decay of 2 mu lr since
-# make_classification 11's plan took 55-75 rounds without it and 10-25 with it (its windowed grid's best: 10).
+# STL-SGD^sc's stationary stages need at least (:func:`stl_rounds`). Measured on thirteen Non-IID sets, seeds 0-2
+# (docs/results/schedules.md, *Tuning-free default*): the model chose a plan on eight, which took 1.16-6.3x fewer
+# rounds than the stationary stages on six of them and as many on two; on the other five auto runs the stationary
+# stages as before. Periods up to the plans' cap (2^20) and decays of 8 and 16 mu lr since a9a Non-IID's windowed
+# Local SGD + drift took 15 rounds at k 327,680 (lr 3.2, lr_decay 1e-3: 3,200 / t late in a round, 10 mu lr at
+# 1/(2L)), where the model's best up to 65,536 was 35; auto's plan there (k 262,144, W 4,096) took 25 rounds at 4 mu
+# lr and 20 at 8 (seeds 0-2). A decay of 2 mu lr since make_classification 11's plan took 55-75 rounds without it and
+# 10-25 with it (its windowed grid's best: 10).
 DRIFT_PERIODS = (256, 1024, 4096, 16384, 65536, 262144, 1048576)
 DRIFT_DECAYS = (0.0, 0.25, 1.0, 2.0, 4.0, 8.0, 16.0)
 DRIFT_LR_T1 = (0.03, 0.1, 0.3, 1.0)
