@@ -121,6 +121,8 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     ),
     "classification13": (_classification(13, 3000, 80, 30, 0.1, n_redundant=20), 8),
     "mnist35_test": (_mnist_test(3, 5), 8),
+    "classification29": (_classification(29, 6000, 100, 10, 0.01), 16),
+    "digits_low": (_digits(lambda t: t < 5), 8),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16}
