@@ -12,8 +12,9 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
 
     .venv/bin/stlsgd sweep OUT/parity.sweep.yaml --data-dir ../shared/data --jobs 2 --out OUT/parity_grid
 
-The features are scikit-learn's, MinMax-scaled (digits: pixels / 16), or MNIST's test split (3 against 5, pixels
-/ 255, read from the data directory: $STLSGD_DATA, e.g. ../shared/data); labels +1 / -1. The registered sets (digits
+The features are scikit-learn's, MinMax-scaled (digits: pixels / 16), MNIST's test split (3 against 5, pixels
+/ 255, read from the data directory: $STLSGD_DATA, e.g. ../shared/data), or sparse and text-like (sparse17: 1,500
+features, 2% of them non-zero, rows of unit length); labels +1 / -1. The registered sets (digits
 4/9, mushrooms, w8a) need no file: their configs name them.
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import yaml
 from sklearn.datasets import (
     dump_svmlight_file,
@@ -36,7 +38,7 @@ from sklearn.datasets import (
     make_classification,
     make_hastie_10_2,
 )
-from sklearn.preprocessing import MinMaxScaler
+from sklearn.preprocessing import MinMaxScaler, normalize
 
 from stlsgd.data import mnist_binary
 from stlsgd.data.registry import resolve_data_dir
@@ -94,6 +96,20 @@ def _mnist_test(pos: int, neg: int) -> Callable[[], Data]:
     return make
 
 
+def _sparse(seed: int, n: int, d: int, density: float, flip: float) -> Callable[[], Data]:
+    """Text-like data: ``n`` rows of ``d`` features, a fraction ``density`` of them non-zero (uniform on (0, 1)),
+    each row scaled to unit length (as tf-idf's), labelled by the sign of a random Gaussian direction, a fraction
+    ``flip`` of the labels flipped."""
+
+    def make() -> Data:
+        rng = np.random.default_rng(seed)
+        X = normalize(sp.random(n, d, density=density, format="csr", random_state=rng))
+        y = np.where(X @ rng.standard_normal(d) > 0, 1, -1)
+        return X, np.where(rng.random(n) < flip, -y, y)
+
+    return make
+
+
 def _blobs() -> Data:
     X, y = make_blobs(n_samples=5000, centers=2, n_features=20, cluster_std=6.0, random_state=3)
     return _scaled(X, 2 * y - 1)
@@ -123,6 +139,7 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "mnist35_test": (_mnist_test(3, 5), 8),
     "classification29": (_classification(29, 6000, 100, 10, 0.01), 16),
     "digits_low": (_digits(lambda t: t < 5), 8),
+    "sparse17": (_sparse(17, 4000, 1500, 0.02, 0.02), 16),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16}
