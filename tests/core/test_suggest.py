@@ -178,11 +178,15 @@ def test_the_models_at_the_optimum_are_built_only_with_a_target(tmp_path: Path) 
     differ = estimate(problem, partition, target_gap=1e-4, cache_dir=tmp_path)
     assert differ.zeta2 > 1e-3 * differ.sigma2 and differ.optimum is None and differ.clients is not None
     m = differ.clients
-    assert m.curvatures.shape == (4, ds.X.shape[1]) and m.bases.shape == (4, ds.X.shape[1], ds.X.shape[1])
-    # the clients' Hessians and gradients at x* are Eq. 8 on their rows: weighted by their sizes, f's
-    H0 = m.bases[0] @ np.diag(m.curvatures[0]) @ m.bases[0].T
-    rows = partition.client_rows(0)
-    assert H0 == pytest.approx(LogisticRegression(ds.X[rows], ds.y[rows], lam=problem.lam).hessian(m.x), abs=1e-12)
+    # the clients' Hessians and gradients at x* are Eq. 8 on their rows: weighted by their sizes, f's; a client's
+    # basis spans its rows' curvature (digits' always-blank pixels leave 57 of 64 directions), lam elsewhere
+    d, r = ds.X.shape[1], m.curvatures.shape[1]
+    assert r < d and m.bases.shape == (4, d, r) and m.lam == problem.lam
+    for c in range(4):
+        U, h = m.bases[c], m.curvatures[c]
+        Hc = U @ np.diag(h - m.lam) @ U.T + m.lam * np.eye(d)
+        rows = partition.client_rows(c)
+        assert Hc == pytest.approx(LogisticRegression(ds.X[rows], ds.y[rows], lam=problem.lam).hessian(m.x), abs=1e-12)
     assert np.abs(partition.sizes @ m.gradients / partition.sizes.sum()).max() < 1e-9  # grad f(x*) = 0
     assert propose(differ)["drift"] is True
     # with a network auto does not consult them (it prices time): proposal_for asks for none
@@ -192,18 +196,46 @@ def test_the_models_at_the_optimum_are_built_only_with_a_target(tmp_path: Path) 
         assert no_target.optimum is None and no_target.clients is None
 
 
+def test_the_clients_thin_bases_move_as_their_full_eigenbases(tmp_path: Path) -> None:
+    # 8 label-sorted clients of digits 4/9: about 45 rows each against d = 64, so each basis is thinner than d. The
+    # same model with every client's whole d x d eigenbasis (numpy's eigh of its Hessian) moves the same and
+    # counts the same rounds for every plan, windowed or not, with the control variates' noise drawn.
+    ds = load_dataset("digits49")
+    problem = LogisticRegression(ds.X, ds.y)
+    partition = make_partition(ds.y, 8, "noniid", seed=0)
+    thin = estimate(problem, partition, target_gap=1e-4, cache_dir=tmp_path).clients
+    assert thin is not None and thin.bases.shape[2] <= max(partition.sizes) < ds.X.shape[1]
+    full_h, full_V = zip(
+        *(np.linalg.eigh(problem.hessian(thin.x, partition.client_rows(c))) for c in range(8)), strict=True
+    )
+    full = dataclasses.replace(thin, curvatures=np.array(full_h), bases=np.array(full_V))
+    rng = np.random.default_rng(0)
+    e, g = rng.standard_normal((2, 64)), rng.standard_normal((2, 8, 64))
+    sums = np.array([[3.0, 40.0], [0.1, 2.0], [0.01, 0.5]])
+    moves = [
+        suggest._moved(m, e, g, *(np.einsum("ndr,cnd->cnr", m.bases, v) for v in (e[:, None, :] + 0 * g, g)), sums)
+        for m in (thin, full)
+    ]
+    assert moves[0] == pytest.approx(moves[1], rel=1e-9, abs=1e-12)
+    plans = [LocalSGD(lr=0.19, k=k, lr_decay=1e-3) for k in (64, 1024, 16384)]  # lr 1 / (2L): L = 2.65
+    windows = [256, None, 256]
+    rounds = [_rounds(m, plans, windows, every=5, max_rounds=200, seed=1) for m in (thin, full)]
+    assert rounds[0] == rounds[1] and all(r is not None for r in rounds[0])
+
+
 def test_clients_models_too_large_to_build_are_skipped_and_the_fallback_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ds = load_dataset("digits49")
     problem = LogisticRegression(ds.X, ds.y)
     partition = make_partition(ds.y, 4, "noniid", seed=0)
-    size = 4 * ds.X.shape[1] ** 2  # N d^2 = 16,384
+    size = 64 * (64 + 4 * 64)  # d (d + sum_c min(n_c, d)) = 20,480: every client has more than d = 64 rows
+    assert min(partition.sizes) > 64
     monkeypatch.setattr(suggest, "CLIENT_MODEL_SIZE", size)  # at the cap: built
     assert estimate(problem, partition, target_gap=1e-4, cache_dir=tmp_path).clients is not None
     monkeypatch.setattr(suggest, "CLIENT_MODEL_SIZE", size - 1)
     over = estimate(problem, partition, target_gap=1e-4, cache_dir=tmp_path)
-    assert over.clients is None and over.clients_skipped is not None and "N d^2 = 1.64e+04" in over.clients_skipped
+    assert over.clients is None and over.clients_skipped is not None and "= 2.05e+04 is over" in over.clients_skipped
     p = propose(over, max_iterations=10**6, eval_every=5)
     assert p["method"] == "stl_sc" and p["stage_end"] == "stationary" and p["fallback"] == over.clients_skipped
     # alike clients, no target, or a network: nothing to skip, nothing said
@@ -237,6 +269,7 @@ def _clients(
         hessian=np.array([[hs.mean()]]),
         curvatures=hs[:, None].copy(),
         bases=np.ones((n, 1, 1)),
+        lam=float(hs.min()),
         gradients=np.array(gradients, dtype=float)[:, None],
         noise=noise,
         spreads=() if spread is None else tuple(np.array([[spread]]) for _ in range(n)),

@@ -28,16 +28,15 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   eta_t = eta_1 / (1 + mu eta_1 t), the 1/(mu t) decay of strongly convex SGD, where Algorithm 2 halves eta once a
   stage), k_1 = IID_K1_STAGES T_1 (at most the plans' cap, 2^20), no drift correction: each round is
   1 + IID_K1_STAGES times all the steps before it (up to that cap), and the lr falls smoothly inside it;
-- when the clients differ and the run has a target gap (and N d^2 <= CLIENT_MODEL_SIZE): the model at x* of each
-  client (:class:`ClientsAtOptimum`) runs drift-corrected Local SGD (SCAFFOLD, option II, and with control
-  variates from a round's first DRIFT_WINDOWS steps, ``drift_window``, whose sampling noise it draws from each
-  client's gradient covariance at x*, doubled: WINDOW_NOISE; a candidate's rounds the median of DRIFT_DRAWS draws
-  of it) on the clients' quadratics (:func:`drift_rounds`)
-  for candidate plans at one client's step 1/(2L) -- Local SGD + drift with periods up to 2^20, and STL-SGD^sc +
-  drift with Algorithm 2's stages (:func:`drift_candidates`) -- and ``auto`` runs the one with the fewest rounds
-  (then steps) if that is fewer than STATIONARY_SLACK times the rounds the stationary stages below need at least
-  to halve eta down to the clients' averaged noise (:func:`stl_rounds`): long periods where the model has the
-  control variates carry them, short ones elsewhere;
+- when the clients differ and the run has a target gap (and d (d + sum_c min(n_c, d)) <= CLIENT_MODEL_SIZE): the model
+  at x* of each client (:class:`ClientsAtOptimum`) runs drift-corrected Local SGD (SCAFFOLD, option II, and with
+  control variates from a round's first DRIFT_WINDOWS steps, ``drift_window``, whose sampling noise it draws from each
+  client's gradient covariance at x*, doubled: WINDOW_NOISE; a candidate's rounds the median of DRIFT_DRAWS draws of
+  it) on the clients' quadratics (:func:`drift_rounds`) for candidate plans at one client's step 1/(2L) -- Local SGD +
+  drift with periods up to 2^20, and STL-SGD^sc + drift with Algorithm 2's stages (:func:`drift_candidates`) -- and
+  ``auto`` runs the one with the fewest rounds (then steps) if that is fewer than STATIONARY_SLACK times the rounds
+  the stationary stages below need at least to halve eta down to the clients' averaged noise (:func:`stl_rounds`):
+  long periods where the model has the control variates carry them, short ones elsewhere;
 - otherwise drift correction on, and stages that end when the run is stationary (``stage_end = "stationary"``,
   :class:`~stlsgd.algorithms.stl_sgd.STLSGDStationary`: the objective is higher than five or more rounds before,
   at most T_s), and k_1 = T_1 / R, R = R_NONIID sqrt(1 + 4 zeta^2 / sigma^2) (Theorem 2's Non-IID factor), but at
@@ -160,12 +159,13 @@ WINDOW_NOISE = 2.0
 # against the target's 1e-4 (10, 10, 5 rounds); with the median of three, hastie and digits 1/7 went from 10 to 5
 # rounds (seeds 0-2), and with five digits 2/5 too (docs/results/schedules.md, *The median of five draws*).
 DRIFT_DRAWS = 5
-# The clients' models cost N eigendecompositions of d x d and, every model round, two products with their N x d x d
-# eigenbases: both grow as N d^2. Measured with `stlsgd suggest` on this 2-core machine: MNIST 4/9, 32 clients x
-# 784^2 = 2.0e7, 45 s and 0.7 GB when the model had fewer candidates and one draw, 482 s and 1.3 GB now (234
-# candidates, five draws, up to STATIONARY_SLACK x the stationary stages' count, where none reaches); 16 clients
-# of 2,000 features, 6.4e7, 433 s and 2.0 GB then, longer than the run it plans. Above CLIENT_MODEL_SIZE (N d^2)
-# they are not built, and auto runs the stationary stages.
+# The clients' models cost a thin SVD of each client's n_c x d curvature rows and, every model round, two products
+# with their N x d x r bases (r <= min(n_c, d)) and one with the d x d Hessian: they grow as d (d + sum_c min(n_c,
+# d)). Measured with `stlsgd suggest` on this 2-core machine (234 candidates, five draws, up to STATIONARY_SLACK x
+# the stationary stages' count): MNIST 4/9, 32 clients of 368 rows, 784 (784 + 11,791) = 9.9e6, 290 s and 1.0 GB
+# where none reaches (482 s and 1.3 GB with whole d x d eigenbases, N d^2 = 2.0e7); 16 clients of 2,000 features
+# with whole eigenbases, 6.4e7, 433 s and 2.0 GB with fewer candidates and one draw, longer than the run it plans.
+# Above CLIENT_MODEL_SIZE they are not built, and auto runs the stationary stages.
 CLIENT_MODEL_SIZE = 2**25
 
 
@@ -197,9 +197,12 @@ class ClientsAtOptimum:
     #: x*, and the Hessian of f at x* (the gap is (x - x*)^T H (x - x*) / 2).
     x: np.ndarray
     hessian: np.ndarray
-    #: (N, d) eigenvalues of each H_c, (N, d, d) their eigenvectors (columns), and (N, d) each grad f_c(x*).
+    #: H_c's eigenvalues (N, r) and eigenvectors (N, d, r: columns) in the span of client c's rows, r at most
+    #: min(rows, d) (:func:`_row_space`; a client with fewer is padded by zero columns); every direction outside
+    #: that span has H_c's curvature ``lam``, the L2 term's. (N, d): each grad f_c(x*).
     curvatures: np.ndarray
     bases: np.ndarray
+    lam: float
     gradients: np.ndarray
     #: The clients' own single-sample gradient variance at x*, E_c E_{i in c} ||grad f_i(x*) - grad f_c(x*)||^2:
     #: drift correction removes the part of sigma*^2 that lies between clients, not this.
@@ -254,17 +257,26 @@ def at_optimum(problem: LogisticRegression, target_gap: float, cache_dir: Path |
     )
 
 
+def _row_space(A: sp.csr_matrix, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """The eigenvalues and eigenvectors (d, r: columns) of A^T A + lam I in the span of A's rows, r = rank A: its
+    singular values s above numerical zero (as numpy's matrix_rank) give s^2 + lam. Every other direction has lam."""
+    _, s, Vt = np.linalg.svd(A.toarray(), full_matrices=False)
+    keep = s > s.max(initial=0.0) * max(A.shape) * np.finfo(float).eps
+    return s[keep] ** 2 + lam, Vt[keep].T
+
+
 def clients_at_optimum(
     problem: LogisticRegression, partition: Partition, target_gap: float, cache_dir: Path | None = None
 ) -> ClientsAtOptimum:
-    """Each client's quadratic model at x* (:class:`ClientsAtOptimum`): N eigendecompositions of d x d."""
+    """Each client's quadratic model at x* (:class:`ClientsAtOptimum`): N thin SVDs of its n_c x d curvature
+    rows (:meth:`LogisticRegression.hessian_factor`), whose cost and size grow as d min(n_c, d), not d^2."""
     w = problem.minimizer(cache_dir)
     G = _sample_gradients(problem, w)[0]
     hs, Vs, gs, noise = [], [], [], []
     factors: list[np.ndarray] = []
     for c in range(partition.num_clients):
         rows = partition.client_rows(c)
-        h, V = np.linalg.eigh(problem.hessian(w, rows))
+        h, V = _row_space(problem.hessian_factor(w, rows), problem.lam)
         gc, spread = _spread(G[rows])
         hs.append(h)
         Vs.append(V)
@@ -272,25 +284,37 @@ def clients_at_optimum(
         noise.append(spread)
         centred = (G[rows].toarray() - gc) / math.sqrt(len(rows))  # centred^T centred = Sigma_c
         factors.append(centred if centred.shape[0] <= centred.shape[1] else np.asarray(np.linalg.qr(centred, mode="r")))
+    r = max(len(h) for h in hs)  # clients of lower rank padded: curvature lam, a zero column (no effect)
     return ClientsAtOptimum(
         target_gap=target_gap,
         x=w,
         hessian=problem.hessian(w),
-        curvatures=np.array(hs),
-        bases=np.array(Vs),
+        curvatures=np.array([np.pad(h, (0, r - len(h)), constant_values=problem.lam) for h in hs]),
+        bases=np.array([np.pad(V, ((0, 0), (0, r - V.shape[1]))) for V in Vs]),
+        lam=problem.lam,
         gradients=np.array(gs),
         noise=float(np.mean(noise)),
         spreads=tuple(factors),
     )
 
 
-def _moved(h: np.ndarray, V: np.ndarray, ue: np.ndarray, ug: np.ndarray, sums: np.ndarray) -> np.ndarray:
-    """Each client's model minus x* after steps whose lr sums are ``sums`` (3, C), from ``ue`` (C, N, d), the
-    average's error, and ``ug``, its fixed point's gradient term, both in the clients' eigenbases (:func:`drift_rounds`)."""
+def _moved(
+    m: ClientsAtOptimum, e: np.ndarray, g: np.ndarray, ue: np.ndarray, ug: np.ndarray, sums: np.ndarray
+) -> np.ndarray:
+    """Each client's model minus x* (C, N, d) after steps whose lr sums are ``sums`` (3, C), from ``e`` (C, d), the
+    average's error, with ``g`` (C, N, d), its fixed point's gradient term; ``ue`` and ``ug`` are both in the
+    clients' bases (C, N, r) (:func:`drift_rounds`). Along curvature h the error shrinks by s(h) = exp(-h S1 -
+    h^2 S2 / 2 - h^3 S3 / 3) and g pulls by (1 - s(h)) / h: outside the bases h = lam, inside the difference."""
     S1, S2, S3 = (s[:, None, None] for s in sums)
-    shrink = np.exp(-h[None] * S1 - h[None] ** 2 * S2 / 2 - h[None] ** 3 * S3 / 3)  # (C, N, d)
-    step = shrink * ue - (1.0 - shrink) / h[None] * ug
-    return np.matmul(V, step.transpose(1, 2, 0)).transpose(2, 0, 1)
+
+    def shrink_pull(h: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:  # h > 0: lam > 0 (Eq. 8)
+        x = h * S1 + h**2 * S2 / 2 + h**3 * S3 / 3
+        return np.exp(-x), -np.expm1(-x) / h
+
+    s_h, p_h = shrink_pull(m.curvatures[None])  # (C, N, r)
+    s_l, p_l = shrink_pull(m.lam)  # (C, 1, 1)
+    inside = (s_h - s_l) * ue - (p_h - p_l) * ug
+    return s_l * e[:, None, :] - p_l * g + np.matmul(m.bases, inside.transpose(1, 2, 0)).transpose(2, 0, 1)
 
 
 class RoundSums(NamedTuple):
@@ -350,7 +374,7 @@ def plan_rounds(
 ) -> list[PlanRounds]:
     """Each plan's :class:`PlanRounds` in the clients' models ``m`` (with ``windows[j]``, plan j's control variates
     from each round's first W steps; within ``budget`` steps)."""
-    h_max = float(m.curvatures.max())
+    h_max = float(m.curvatures.max(initial=m.lam))  # lam: every direction outside the bases
     windows = [None] * len(plans) if windows is None else windows
     return [PlanRounds(plan, window, batch, budget, h_max) for plan, window in zip(plans, windows, strict=True)]
 
@@ -374,10 +398,9 @@ def drift_rounds(
     for every plan, from ``seed``),
     and x <- mean_c y_c. The gap at an evaluation is the bias (x - x*)^T H (x - x*) / 2 plus the N clients'
     averaged noise at the round's last step, eta sigma_c^2 / (4 N batch) (sigma_c^2 the clients' own variance,
-    :attr:`ClientsAtOptimum.noise`). The plans run side by side, so that each pass over the N x d x d eigenbases
-    serves all of them."""
-    h, V = m.curvatures, m.bases
-    n, d = h.shape
+    :attr:`ClientsAtOptimum.noise`). The plans run side by side, so that each pass over the clients' N x d x r
+    bases serves all of them."""
+    n, d = m.gradients.shape
     C = len(plans)
     windowed = np.array([p.window is not None for p in plans])
     batch = np.array([p.batch for p in plans], dtype=float)
@@ -385,7 +408,7 @@ def drift_rounds(
     control = np.zeros((C, n, d))
     reached: list[int | None] = [None] * C
     alive = np.ones(C, dtype=bool)
-    Vt = np.ascontiguousarray(V.transpose(0, 2, 1))
+    Vt = np.ascontiguousarray(m.bases.transpose(0, 2, 1))
     # a plan that stops keeps its last sums (S1 > 0: no 0 / 0); the window's sums are the round's without one
     sums, wsums, last, samples = np.ones((3, C)), np.ones((3, C)), np.zeros(C), np.ones(C)
     rng = np.random.default_rng(seed)
@@ -399,15 +422,16 @@ def drift_rounds(
         if not alive.any():
             break
         delta = control.mean(axis=1, keepdims=True) - control  # (C, N, d)
-        # One pass over the bases: both vectors of every plan in client c's eigenbasis.
-        both = np.concatenate([np.broadcast_to(e[:, None, :], (C, n, d)), m.gradients[None] + delta], axis=0)
-        local = np.matmul(Vt, both.transpose(1, 2, 0))  # (N, d, 2C)
+        g = m.gradients[None] + delta
+        # One pass over the bases: both vectors of every plan in client c's basis.
+        both = np.concatenate([np.broadcast_to(e[:, None, :], (C, n, d)), g], axis=0)
+        local = np.matmul(Vt, both.transpose(1, 2, 0))  # (N, r, 2C)
         ue, ug = local[..., :C].transpose(2, 0, 1), local[..., C:].transpose(2, 0, 1)
-        moved = _moved(h, V, ue, ug, sums)
+        moved = _moved(m, e, g, ue, ug, sums)
         measured = moved  # where each plan's control variates are read: its window's end, else the round's
         if windowed.any():
             measured = moved.copy()
-            measured[windowed] = _moved(h, V, ue[windowed], ug[windowed], wsums[:, windowed])
+            measured[windowed] = _moved(m, e[windowed], g[windowed], ue[windowed], ug[windowed], wsums[:, windowed])
         control = -delta + (e[:, None, :] - measured) / wsums[0][:, None, None]
         if m.spreads:
             draw = np.stack([f.T @ rng.standard_normal(f.shape[0]) for f in m.spreads])  # (N, d) ~ N(0, Sigma_c)
@@ -415,7 +439,7 @@ def drift_rounds(
         e = moved.mean(axis=1)
         if r % every:
             continue
-        gap = 0.5 * np.einsum("cd,de,ce->c", e, m.hessian, e) + last * m.noise / (4 * n * batch)
+        gap = 0.5 * np.einsum("cd,cd->c", e @ m.hessian, e) + last * m.noise / (4 * n * batch)
         for done in np.flatnonzero(alive & (gap <= m.target_gap)).tolist():
             reached[done] = r
             alive[done] = False
@@ -458,10 +482,11 @@ def estimate(
     )
     zeta2 = max(float(np.mean(np.sum((clients - g) ** 2, axis=1))), 0.0)
     differ = target_gap is not None and _share(sigma2, zeta2) > IID_SHARE
-    size = partition.num_clients * X.shape[1] ** 2
+    d = X.shape[1]
+    size = d * (d + int(np.minimum(partition.sizes, d).sum()))
     skipped = (
-        f"the clients' models at x* not built: N d^2 = {size:.3g} is over {CLIENT_MODEL_SIZE:.3g} (their cost "
-        "grows as N d^2; MNIST 4/9's 2.0e7 takes 482 s)"
+        f"the clients' models at x* not built: d (d + sum_c min(n_c, d)) = {size:.3g} is over "
+        f"{CLIENT_MODEL_SIZE:.3g} (their cost grows as that; MNIST 4/9's 9.9e6 takes 290 s)"
         if client_models and differ and size > CLIENT_MODEL_SIZE
         else None
     )
@@ -474,8 +499,8 @@ def estimate(
         mu=lam,
         sigma2=sigma2,
         zeta2=zeta2,
-        # With a target, the model at x* sizes alike clients' one round, and the clients' models (N d x d
-        # eigendecompositions) choose between the two plans of clients that differ (:func:`propose`).
+        # With a target, the model at x* sizes alike clients' one round, and the clients' models (each client's
+        # Hessian in its rows' span) choose between the two plans of clients that differ (:func:`propose`).
         optimum=at_optimum(problem, target_gap, cache_dir)
         if target_gap is not None and _share(sigma2, zeta2) <= IID_SHARE
         else None,

@@ -363,10 +363,20 @@ class LogisticRegression:
     def hessian(self, w: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """The objective's Hessian at ``w``, dense d x d: X^T diag(p (1 - p) / n) X + lambda I; with ``rows``, that
         of Eq. 8 on those rows alone (a client's objective: their mean loss and the same L2 term)."""
+        X, curvature = self._curvature(w, rows)
+        return (X.T @ X.multiply(curvature[:, None])).toarray() + self.lam * np.eye(self.dim)
+
+    def hessian_factor(self, w: np.ndarray, rows: np.ndarray | None = None) -> sp.csr_matrix:
+        """A, one row per sample (of ``rows``), with :meth:`hessian` = A^T A + lambda I: the rows of X scaled by
+        sqrt(p (1 - p) / n). The loss's curvature lies in their span: at most as many directions as rows."""
+        X, curvature = self._curvature(w, rows)
+        return sp.csr_matrix(X.multiply(np.sqrt(curvature)[:, None]))
+
+    def _curvature(self, w: np.ndarray, rows: np.ndarray | None) -> tuple[sp.csr_matrix, np.ndarray]:
+        """The rows (all, or ``rows``) and each one's loss curvature at ``w`` over their count, p (1 - p) / n."""
         X, y = (self.X, self.y) if rows is None else (self.X[rows], self.y[rows])
         p = _expit(y * (X @ w))
-        curvature = p * (1.0 - p) / X.shape[0]
-        return (X.T @ X.multiply(curvature[:, None])).toarray() + self.lam * np.eye(self.dim)
+        return X, p * (1.0 - p) / X.shape[0]
 
     def fingerprint(self) -> str:
         h = hashlib.sha256()
