@@ -12,10 +12,10 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
 
     .venv/bin/stlsgd sweep OUT/parity.sweep.yaml --data-dir ../shared/data --jobs 2 --out OUT/parity_grid
 
-The features are scikit-learn's, MinMax-scaled (digits: pixels / 16), MNIST's test split (3 against 5, pixels
-/ 255, read from the data directory: $STLSGD_DATA, e.g. ../shared/data), or sparse and text-like (sparse17: 1,500
-features, 2% of them non-zero, rows of unit length); labels +1 / -1. The registered sets (digits
-4/9, mushrooms, w8a) need no file: their configs name them.
+The features are scikit-learn's, MinMax-scaled (digits: pixels / 16), MNIST's test split (3 against 5, pixels / 255,
+read from the data directory: $STLSGD_DATA, e.g. ../shared/data), or sparse and text-like (sparse17 and sparse29:
+1,500 and 1,200 features, 2% and 1% of them non-zero, rows of unit length); labels +1 / -1. The registered sets
+(digits 4/9, mushrooms, w8a) need no file: their configs name them.
 """
 
 from __future__ import annotations
@@ -140,6 +140,7 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "classification29": (_classification(29, 6000, 100, 10, 0.01), 16),
     "digits_low": (_digits(lambda t: t < 5), 8),
     "sparse17": (_sparse(17, 4000, 1500, 0.02, 0.02), 16),
+    "sparse29": (_sparse(29, 6000, 1200, 0.01, 0.05), 32),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16}

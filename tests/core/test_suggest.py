@@ -212,10 +212,10 @@ def test_the_clients_thin_bases_move_as_their_full_eigenbases(tmp_path: Path) ->
     rng = np.random.default_rng(0)
     e, g = rng.standard_normal((2, 64)), rng.standard_normal((2, 8, 64))
     sums = np.array([[3.0, 40.0], [0.1, 2.0], [0.01, 0.5]])
-    moves = [
-        suggest._moved(m, e, g, *(np.einsum("ndr,cnd->cnr", m.bases, v) for v in (e[:, None, :] + 0 * g, g)), sums)
-        for m in (thin, full)
-    ]
+    moves = []
+    for m in (thin, full):  # e and g in each client's basis, as drift_rounds passes them
+        ue, ug = (np.einsum("ndr,cnd->cnr", m.bases, v) for v in (np.broadcast_to(e[:, None], g.shape), g))
+        moves.append(suggest._moved(m, e, g, ue, ug, sums))
     assert moves[0] == pytest.approx(moves[1], rel=1e-9, abs=1e-12)
     plans = [LocalSGD(lr=0.19, k=k, lr_decay=1e-3) for k in (64, 1024, 16384)]  # lr 1 / (2L): L = 2.65
     windows = [256, None, 256]

@@ -268,8 +268,8 @@ def _row_space(A: sp.csr_matrix, lam: float) -> tuple[np.ndarray, np.ndarray]:
 def clients_at_optimum(
     problem: LogisticRegression, partition: Partition, target_gap: float, cache_dir: Path | None = None
 ) -> ClientsAtOptimum:
-    """Each client's quadratic model at x* (:class:`ClientsAtOptimum`): N thin SVDs of its n_c x d curvature
-    rows (:meth:`LogisticRegression.hessian_factor`), whose cost and size grow as d min(n_c, d), not d^2."""
+    """Each client's quadratic model at x* (:class:`ClientsAtOptimum`): a thin SVD of each client's n_c x d
+    curvature rows (:meth:`LogisticRegression.hessian_factor`), whose cost and size grow as d min(n_c, d), not d^2."""
     w = problem.minimizer(cache_dir)
     G = _sample_gradients(problem, w)[0]
     hs, Vs, gs, noise = [], [], [], []
