@@ -33,8 +33,9 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   control variates from a round's first DRIFT_WINDOWS steps, ``drift_window``, whose sampling noise it draws from each
   client's gradient covariance at x*, doubled: WINDOW_NOISE; a candidate's rounds the median of DRIFT_DRAWS draws of
   it) on the clients' quadratics (:func:`drift_rounds`) for candidate plans at one client's step 1/(2L) -- Local SGD +
-  drift with periods up to 2^20, and STL-SGD^sc + drift with Algorithm 2's stages (:func:`drift_candidates`) -- and
-  ``auto`` runs the one with the fewest rounds (then steps) if that is fewer than STATIONARY_SLACK times the rounds
+  drift with periods up to 2^20, and STL-SGD^sc + drift with Algorithm 2's stages (:func:`drift_candidates`); a round
+  the budget would cross is cut at it, as the executors cut it, and counts where its gap is a third of the target
+  (ONE_ROUND_MARGIN: nothing follows it) -- and ``auto`` runs the one with the fewest rounds (then steps) if that is fewer than STATIONARY_SLACK times the rounds
   the stationary stages below need at least to halve eta down to the clients' averaged noise (:func:`stl_rounds`):
   long periods where the model has the control variates carry them, short ones elsewhere;
 - otherwise drift correction on, and stages that end when the run is stationary (``stage_end = "stationary"``,
@@ -67,6 +68,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
+from stlsgd.algorithms.budget import within_budget
 from stlsgd.algorithms.plan import Cursor, Plan
 from stlsgd.algorithms.registry import MAX_STEPS, REGISTRY, MethodConfig, PlanContext
 from stlsgd.algorithms.schedules import DEFAULT_K_MAX
@@ -319,12 +321,14 @@ def _moved(
 
 class RoundSums(NamedTuple):
     """What :func:`drift_rounds` reads of one round: S_j = sum_t eta_t^j (j = 1, 2, 3) over its learning rates and
-    over its window's, its last learning rate, and the samples its control variates are measured on."""
+    over its window's, its last learning rate, the samples its control variates are measured on, and whether the
+    budget ends the run with it (the executors evaluate that round, due or not)."""
 
     sums: list[float]
     window: list[float]
     last: float
     samples: float
+    final: bool = False
 
 
 class PlanRounds:
@@ -343,16 +347,17 @@ class PlanRounds:
 
     def __getitem__(self, r: int) -> RoundSums | None:
         while len(self._rounds) <= r and not self._stopped:
-            rnd = self._plan.next_round(self._cursor)
+            # A round that would cross the budget is cut at it, as the executors cut it (within_budget), and is
+            # the run's last.
+            rnd = within_budget(self._plan.next_round(self._cursor), self._budget)
             self._cursor = self._plan.advance(self._cursor, rnd)
-            # A round over the plans' cap on a period (a stage of Algorithm 2 without a budget) is out of reach.
-            if rnd.steps > DEFAULT_K_MAX or (self._budget is not None and self._cursor.iteration > self._budget):
-                self._stopped = True
-                break
+            final = self._budget is not None and self._cursor.iteration >= self._budget
             lrs = rnd.learning_rates()
-            if lrs[0] * self._h_max >= 1.0:
+            # A round over the plans' cap on a period (a stage of Algorithm 2 without a budget) is out of reach.
+            if rnd.steps > DEFAULT_K_MAX or lrs[0] * self._h_max >= 1.0:
                 self._stopped = True
                 break
+            self._stopped = final
             seen = len(lrs) if self.window is None else min(self.window, len(lrs))
             self._rounds.append(
                 RoundSums(
@@ -360,6 +365,7 @@ class PlanRounds:
                     [np.add.reduce(lrs[:seen] ** p) for p in (1, 2, 3)],
                     float(lrs[-1]),
                     float(seen * self.batch),
+                    final,
                 )
             )
         return self._rounds[r] if r < len(self._rounds) else None
@@ -385,7 +391,9 @@ def drift_rounds(
     """For each plan (its rounds as it gives them without feedback, :func:`plan_rounds`): the rounds it takes, with
     drift correction (SCAFFOLD, option II; with a ``window`` W, the control variates from each round's first W
     steps, :class:`~stlsgd.executors.rules.RoundRule`'s ``drift_window``), from x_0 = 0 to the target gap in the
-    clients' quadratic models at x*, counted at evaluations every ``every`` rounds; None when not within
+    clients' quadratic models at x*, counted at evaluations every ``every`` rounds and at the round the budget
+    ends the run with (cut at it, as the executors cut it; there a gap ONE_ROUND_MARGIN times under the target, as
+    a run has no round after it); None when not within
     ``max_rounds`` rounds, or where :class:`PlanRounds` stops (the budget, the plans' cap on a period, a first step
     that would not contract).
 
@@ -411,6 +419,7 @@ def drift_rounds(
     Vt = np.ascontiguousarray(m.bases.transpose(0, 2, 1))
     # a plan that stops keeps its last sums (S1 > 0: no 0 / 0); the window's sums are the round's without one
     sums, wsums, last, samples = np.ones((3, C)), np.ones((3, C)), np.zeros(C), np.ones(C)
+    final = np.zeros(C, dtype=bool)
     rng = np.random.default_rng(seed)
     for r in range(1, max_rounds + 1):
         for j in np.flatnonzero(alive).tolist():
@@ -418,7 +427,7 @@ def drift_rounds(
             if got is None:
                 alive[j] = False
                 continue
-            sums[:, j], wsums[:, j], last[j], samples[j] = got
+            sums[:, j], wsums[:, j], last[j], samples[j], final[j] = got
         if not alive.any():
             break
         delta = control.mean(axis=1, keepdims=True) - control  # (C, N, d)
@@ -437,10 +446,13 @@ def drift_rounds(
             draw = np.stack([f.T @ rng.standard_normal(f.shape[0]) for f in m.spreads])  # (N, d) ~ N(0, Sigma_c)
             control += draw[None] * np.sqrt(WINDOW_NOISE / samples)[:, None, None]
         e = moved.mean(axis=1)
-        if r % every:
+        due = alive & (final | (r % every == 0))
+        if not due.any():
             continue
         gap = 0.5 * np.einsum("cd,cd->c", e @ m.hessian, e) + last * m.noise / (4 * n * batch)
-        for done in np.flatnonzero(alive & (gap <= m.target_gap)).tolist():
+        # Nothing follows the budget's round: like the one round of alike clients, it must reach a margin under.
+        goal = np.where(final, m.target_gap / ONE_ROUND_MARGIN, m.target_gap)
+        for done in np.flatnonzero(due & (gap <= goal)).tolist():
             reached[done] = r
             alive[done] = False
     return reached
@@ -682,8 +694,9 @@ def drift_pick(
     if not found:
         return None
     # the fewest rounds, then the fewest steps to them (the candidates' order breaks what is left)
-    r, i = min(found, key=lambda f: (f[0], _steps_to(plans[f[1]], f[0]), f[1]))
-    return {**candidates[i], "model_rounds": r, "fallback": None}
+    r, i = min(found, key=lambda f: (f[0], _steps_to(plans[f[1]], f[0], max_iterations), f[1]))
+    last = built[i][r - 1]  # the round it reaches in: the budget's (the run's last, cut at it) or not
+    return {**candidates[i], "model_rounds": r, "model_at_budget": last is not None and last.final, "fallback": None}
 
 
 def median_rounds(
@@ -760,11 +773,11 @@ def whole_rounds(T1: int, k: int) -> int:
     return T1 - rest if 0 < rest < k / 4 and T1 - rest >= k else T1
 
 
-def _steps_to(plan: Plan, rounds: int) -> int:
-    """The iterations of ``plan``'s first ``rounds`` rounds."""
+def _steps_to(plan: Plan, rounds: int, budget: int | None) -> int:
+    """The iterations of ``plan``'s first ``rounds`` rounds, within ``budget``."""
     cursor = Cursor()
     for _ in range(rounds):
-        cursor = plan.advance(cursor, plan.next_round(cursor))
+        cursor = plan.advance(cursor, within_budget(plan.next_round(cursor), budget))
     return cursor.iteration
 
 
@@ -772,7 +785,7 @@ def method_config(auto: MethodConfig, proposal: dict[str, Any]) -> MethodConfig:
     """The method ``auto`` (an STL-SGD^sc config with ``auto = true``) runs: the proposal's method and settings,
     with the fields auto does not set (batch, the outer step) as given."""
     kept = auto.model_dump(include={"batch", "outer_lr", "outer_momentum"})
-    dropped = ("T1", "rounds_per_stage", "fallback", "model_gap", "model_rounds", "stl_rounds")
+    dropped = ("T1", "rounds_per_stage", "fallback", "model_gap", "model_rounds", "model_at_budget", "stl_rounds")
     fields = {k: v for k, v in proposal.items() if k not in dropped}
     if proposal["method"] == "stl_sc":
         fields["T1"] = proposal["T1"]
@@ -794,9 +807,14 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
             )
         if proposal.get("drift_window") is not None:
             plan += f", control variates from each round's first {proposal['drift_window']} steps (drift_window)"
+        at_budget = (
+            ", the last of them cut at the run's budget (there a third of the target)"
+            if proposal["model_at_budget"]
+            else ""
+        )
         rule = (
             f"{plan}: in the clients' quadratic models at x* it reaches the target in {proposal['model_rounds']} "
-            f"rounds, the fewest of Local SGD + drift (k in {', '.join(map(str, DRIFT_PERIODS))}, lr_decay in "
+            f"rounds{at_budget}, the fewest of Local SGD + drift (k in {', '.join(map(str, DRIFT_PERIODS))}, lr_decay in "
             f"{{{', '.join(f'{d:g}' for d in DRIFT_DECAYS)}}} mu lr) and STL-SGD^sc + drift (lr T1 in "
             f"{{{', '.join(f'{d:g}' for d in DRIFT_LR_T1)}}} / mu, k in {', '.join(map(str, DRIFT_K1))}), each "
             f"with option II's control variates or a drift_window of {', '.join(map(str, DRIFT_WINDOWS))}, and fewer "
