@@ -141,6 +141,11 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "digits_low": (_digits(lambda t: t < 5), 8),
     "sparse17": (_sparse(17, 4000, 1500, 0.02, 0.02), 16),
     "sparse29": (_sparse(29, 6000, 1200, 0.01, 0.05), 32),
+    "classification103": (
+        _classification(103, 8000, 40, 12, 0.03, n_redundant=8, n_clusters_per_class=3, weights=[0.6, 0.4]),
+        16,
+    ),
+    "digits_loops": (_digits(lambda t: np.isin(t, (0, 6, 8, 9))), 8),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16}
