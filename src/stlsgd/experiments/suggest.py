@@ -35,9 +35,10 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   it) on the clients' quadratics (:func:`drift_rounds`) for candidate plans at one client's step 1/(2L) -- Local SGD +
   drift with periods up to 2^20, and STL-SGD^sc + drift with Algorithm 2's stages (:func:`drift_candidates`); a round
   the budget would cross is cut at it, as the executors cut it, and counts where its gap is a third of the target
-  (ONE_ROUND_MARGIN: nothing follows it) -- and ``auto`` runs the one with the fewest rounds (then steps) if that is fewer than STATIONARY_SLACK times the rounds
-  the stationary stages below need at least to halve eta down to the clients' averaged noise (:func:`stl_rounds`):
-  long periods where the model has the control variates carry them, short ones elsewhere;
+  (ONE_ROUND_MARGIN: nothing follows it) -- and ``auto`` runs the one with the fewest rounds (then steps) if that is
+  fewer than STATIONARY_SLACK times the rounds the stationary stages below need at least to halve eta down to the
+  clients' averaged noise (:func:`stl_rounds`): long periods where the model has the control variates carry them,
+  short ones elsewhere;
 - otherwise drift correction on, and stages that end when the run is stationary (``stage_end = "stationary"``,
   :class:`~stlsgd.algorithms.stl_sgd.STLSGDStationary`: the objective is higher than five or more rounds before,
   at most T_s), and k_1 = T_1 / R, R = R_NONIID sqrt(1 + 4 zeta^2 / sigma^2) (Theorem 2's Non-IID factor), but at
@@ -49,8 +50,8 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   in client-steps: longer rounds would cut communication, already at most a third of a round's time, and add drift
   steps; in IID data the network changes nothing (a longer period removes rounds without adding steps there).
 
-``auto`` sets lr, k, T1, iid, drift, drift_window, stage_end, k_max and diminishing_k itself: any of them given beside it
-is refused (STLSCConfig).
+``auto`` sets lr, k, T1, iid, drift, drift_window, stage_end, k_max and diminishing_k itself: any of them given
+beside it is refused (STLSCConfig).
 
 Measured against each column's grid (docs/results/schedules.md, *Tuning-free default*): the fixed-length rule this
 replaces (R = 64 sqrt(1 + 4 zeta^2/sigma^2) rounds a stage) spent 775 rounds on a9a Non-IID and 655 on MNIST
@@ -328,12 +329,13 @@ class RoundSums(NamedTuple):
     window: list[float]
     last: float
     samples: float
-    final: bool = False
+    final: bool
 
 
 class PlanRounds:
     """One plan's rounds as :func:`drift_rounds` reads them (:class:`RoundSums`), None from the round it stops at
-    (over the plans' cap on a period or over ``budget``, or a first step that would not contract: lr ``h_max`` >= 1).
+    (over the plans' cap on a period, or a first step that would not contract: lr ``h_max`` >= 1) or after the one
+    ``budget`` cuts (the run's last).
     Built as far as asked and kept: a plan's rounds do not depend on the noise, so the draws of
     :func:`median_rounds` build them once. ``window``: the control variates from each round's first ``window``
     steps (None: the whole round's, option II)."""
@@ -353,7 +355,8 @@ class PlanRounds:
             self._cursor = self._plan.advance(self._cursor, rnd)
             final = self._budget is not None and self._cursor.iteration >= self._budget
             lrs = rnd.learning_rates()
-            # A round over the plans' cap on a period (a stage of Algorithm 2 without a budget) is out of reach.
+            # A round over the plans' cap on a period (a stage of Algorithm 2 without a budget) is out of reach, and
+            # so is one whose first step would not contract.
             if rnd.steps > DEFAULT_K_MAX or lrs[0] * self._h_max >= 1.0:
                 self._stopped = True
                 break
@@ -393,9 +396,8 @@ def drift_rounds(
     steps, :class:`~stlsgd.executors.rules.RoundRule`'s ``drift_window``), from x_0 = 0 to the target gap in the
     clients' quadratic models at x*, counted at evaluations every ``every`` rounds and at the round the budget
     ends the run with (cut at it, as the executors cut it; there a gap ONE_ROUND_MARGIN times under the target, as
-    a run has no round after it); None when not within
-    ``max_rounds`` rounds, or where :class:`PlanRounds` stops (the budget, the plans' cap on a period, a first step
-    that would not contract).
+    a run has no round after it); None when not within ``max_rounds`` rounds, or where :class:`PlanRounds` stops
+    (the budget, the plans' cap on a period, a first step that would not contract).
 
     Each round, client c steps from the averaged model x with its correction delta_c = c - c_c on the round's
     learning rates eta_t: in its eigenbasis the error to its fixed point z_c = x* - H_c^-1 (g_c + delta_c) shrinks
@@ -814,8 +816,8 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
         )
         rule = (
             f"{plan}: in the clients' quadratic models at x* it reaches the target in {proposal['model_rounds']} "
-            f"rounds{at_budget}, the fewest of Local SGD + drift (k in {', '.join(map(str, DRIFT_PERIODS))}, lr_decay in "
-            f"{{{', '.join(f'{d:g}' for d in DRIFT_DECAYS)}}} mu lr) and STL-SGD^sc + drift (lr T1 in "
+            f"rounds{at_budget}, the fewest of Local SGD + drift (k in {', '.join(map(str, DRIFT_PERIODS))}, "
+            f"lr_decay in {{{', '.join(f'{d:g}' for d in DRIFT_DECAYS)}}} mu lr) and STL-SGD^sc + drift (lr T1 in "
             f"{{{', '.join(f'{d:g}' for d in DRIFT_LR_T1)}}} / mu, k in {', '.join(map(str, DRIFT_K1))}), each "
             f"with option II's control variates or a drift_window of {', '.join(map(str, DRIFT_WINDOWS))}, and fewer "
             f"than {STATIONARY_SLACK} x the {proposal['stl_rounds']} rounds STL-SGD^sc's stationary stages would take "
