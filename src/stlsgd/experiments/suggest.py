@@ -346,11 +346,9 @@ class PlanRounds:
             rnd = self._plan.next_round(self._cursor)
             self._cursor = self._plan.advance(self._cursor, rnd)
             # A round over the plans' cap on a period (a stage of Algorithm 2 without a budget) is out of reach. So is
-            # one that would cross the budget: the executors cut it there and end the run, and a plan that misses
-            # in it never reaches. Counted where the model's gap is a third of the target, it moved one proposal of
-            # 23 and, at other budgets, ended one run in three at its budget on make_blobs, where the model's gap
-            # at that round was 4-8x under the runs' (docs/results/schedules.md, *The budget's last round, in the
-            # clients' model*).
+            # one that would cross the budget: the executors cut it there and end the run, so a plan that misses in
+            # it never reaches; counted at a third of the target, it ended a make_blobs run at its budget
+            # (docs/results/schedules.md, *The budget's last round, in the clients' model*).
             if rnd.steps > DEFAULT_K_MAX or (self._budget is not None and self._cursor.iteration > self._budget):
                 self._stopped = True
                 break
