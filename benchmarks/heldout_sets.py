@@ -13,9 +13,9 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
     .venv/bin/stlsgd sweep OUT/parity.sweep.yaml --data-dir ../shared/data --jobs 2 --out OUT/parity_grid
 
 The features are scikit-learn's, MinMax-scaled (digits: pixels / 16), MNIST's test split (3 against 5, pixels / 255,
-read from the data directory: $STLSGD_DATA, e.g. ../shared/data), or sparse and text-like (sparse17 and sparse29:
-1,500 and 1,200 features, 2% and 1% of them non-zero, rows of unit length); labels +1 / -1. The registered sets
-(digits 4/9, mushrooms, w8a) need no file: their configs name them.
+read from the data directory: $STLSGD_DATA, e.g. ../shared/data), or sparse and text-like (sparse17, sparse29 and
+sparse41: 1,500, 1,200 and 4,000 features, 2%, 1% and 0.5% of them non-zero, rows of unit length); labels +1 / -1.
+The registered sets (digits 4/9, mushrooms, w8a) need no file: their configs name them.
 """
 
 from __future__ import annotations
@@ -146,6 +146,7 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
         16,
     ),
     "digits_loops": (_digits(lambda t: np.isin(t, (0, 6, 8, 9))), 8),
+    "sparse41": (_sparse(41, 8000, 4000, 0.005, 0.03), 16),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16}
