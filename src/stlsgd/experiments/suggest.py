@@ -469,8 +469,8 @@ def estimate(
     """The constants of Theorem 2 for ``problem`` on ``partition`` (see the module docstring), and with a target
     gap the model at x* :func:`one_round` plans from, or where clients differ (and ``client_models``) each client's,
     :func:`drift_pick`'s."""
-    X, lam, n = problem.X, problem.lam, problem.num_samples
-    v = np.random.default_rng(0).standard_normal(X.shape[1])
+    X, lam, n, d = problem.X, problem.lam, problem.num_samples, problem.X.shape[1]
+    v = np.random.default_rng(0).standard_normal(d)
     L = 0.0
     for _ in range(iterations):  # power iteration on H(0) = X^T X / (4n) + lam I
         v = X.T @ (X @ v) / (4 * n) + lam * v
@@ -479,13 +479,12 @@ def estimate(
             raise StlsgdError("suggest: the Hessian at x_0 is zero or not finite (no features?); cannot estimate L")
         v /= L
     rows = np.asarray(X.multiply(X).sum(axis=1)).ravel()
-    G, g, sigma2 = _sample_gradients(problem, np.zeros(X.shape[1]))  # at x_0 = 0
+    G, g, sigma2 = _sample_gradients(problem, np.zeros(d))  # at x_0 = 0
     clients = np.array(
         [np.asarray(G[partition.client_rows(c)].mean(axis=0)).ravel() for c in range(partition.num_clients)]
     )
     zeta2 = max(float(np.mean(np.sum((clients - g) ** 2, axis=1))), 0.0)
     differ = target_gap is not None and _share(sigma2, zeta2) > IID_SHARE
-    d = X.shape[1]
     size = d * (d + int(np.minimum(partition.sizes, d).sum()))
     skipped = (
         f"the clients' models at x* not built: d (d + sum_c min(n_c, d)) = {size:.3g} is over "
@@ -495,7 +494,7 @@ def estimate(
     )
     return Estimates(
         n=n,
-        d=X.shape[1],
+        d=d,
         num_clients=partition.num_clients,
         L=L,
         L_max=float(rows.max() / 4 + lam),
