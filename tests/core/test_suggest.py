@@ -33,7 +33,7 @@ from stlsgd.experiments.suggest import (
     Estimates,
     drift_rounds,
     estimate,
-    median_rounds,
+    fewest_median_rounds,
     method_config,
     model_gap,
     one_round,
@@ -210,17 +210,50 @@ def test_the_clients_thin_bases_move_as_their_full_eigenbases(tmp_path: Path) ->
     )
     full = dataclasses.replace(thin, curvatures=np.array(full_h), bases=np.array(full_V))
     rng = np.random.default_rng(0)
-    e, g = rng.standard_normal((2, 64)), rng.standard_normal((2, 8, 64))
+    e, g = rng.standard_normal((2, 64)), rng.standard_normal((8, 2, 64))
     sums = np.array([[3.0, 40.0], [0.1, 2.0], [0.01, 0.5]])
     moves = []
     for m in (thin, full):  # e and g in each client's basis, as drift_rounds passes them
-        ue, ug = (np.einsum("ndr,cnd->cnr", m.bases, v) for v in (np.broadcast_to(e[:, None], g.shape), g))
+        ue, ug = (np.einsum("ndr,npd->npr", m.bases, v) for v in (np.broadcast_to(e[None], g.shape), g))
         moves.append(suggest._moved(m, e, g, ue, ug, sums))
     assert moves[0] == pytest.approx(moves[1], rel=1e-9, abs=1e-12)
     plans = [LocalSGD(lr=0.19, k=k, lr_decay=1e-3) for k in (64, 1024, 16384)]  # lr 1 / (2L): L = 2.65
     windows = [256, None, 256]
-    rounds = [_rounds(m, plans, windows, every=5, max_rounds=200, seed=1) for m in (thin, full)]
+    rounds = [_rounds(m, plans, windows, every=5, max_rounds=200, seeds=1) for m in (thin, full)]
     assert rounds[0] == rounds[1] and all(r is not None for r in rounds[0])
+
+
+def test_plans_of_several_seeds_in_chunks_count_as_each_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # digits 4/9's 8 label-sorted clients, the control variates' noise drawn: three plans at three seeds in one
+    # call, two plans a chunk, count the rounds each plan counts at its seed alone; a plan that reaches or stops
+    # early leaves the others as they were.
+    ds = load_dataset("digits49")
+    problem = LogisticRegression(ds.X, ds.y)
+    m = estimate(problem, make_partition(ds.y, 8, "noniid", seed=0), target_gap=1e-4, cache_dir=tmp_path).clients
+    assert m is not None and m.spreads
+    plans = [LocalSGD(lr=0.19, k=k, lr_decay=1e-3) for k in (64, 1024, 16384)]
+    windows = [256, None, 256]
+    alone = {s: _rounds(m, plans, windows, every=5, max_rounds=200, seeds=s) for s in (0, 1, 2)}
+    assert all(r is not None for rounds in alone.values() for r in rounds)
+    assert len({tuple(rounds) for rounds in alone.values()}) > 1  # the seeds' draws differ
+    built = plan_rounds(m, plans, windows)
+    pairs = [(j, s) for s in (2, 0, 1) for j in range(3)]
+    monkeypatch.setattr(suggest, "CHUNK_ENTRIES", 2 * 8 * 64)
+    together = drift_rounds(m, [built[j] for j, _ in pairs], every=5, max_rounds=200, seeds=[s for _, s in pairs])
+    assert together == [alone[s][j] for j, s in pairs]
+    # ended by ``stop`` at the first evaluation where it holds: what reached by then, and None for the rest
+    first = min(r for rounds in alone.values() for r in rounds if r is not None)
+    seen: list[int] = []
+
+    def stop(r: int, reached: list[int | None]) -> bool:
+        seen.append(r)
+        return any(v is not None for v in reached)
+
+    ended = drift_rounds(
+        m, [built[j] for j, _ in pairs], every=5, max_rounds=200, seeds=[s for _, s in pairs], stop=stop
+    )
+    assert seen == list(range(5, first + 1, 5))
+    assert ended == [r if r == first else None for r in together]
 
 
 def test_clients_models_too_large_to_build_are_skipped_and_the_fallback_says_so(
@@ -347,21 +380,60 @@ def test_the_clients_model_with_control_variates_from_a_rounds_first_steps() -> 
         assert _rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100) != rounds
 
 
-def test_median_rounds_over_draws_reruns_only_the_open_candidates() -> None:
-    # Scripted draws (None: not reached, above every number). Candidate 0 reaches at 5 twice and candidate 1 never
-    # twice: after two draws of three their medians are settled, and the third draw runs only candidates 2 and 3,
-    # whose medians are those of (5, 10, 15) and (None, 5, 20).
-    script = {0: [5, None, 5, None], 1: [5, None, 10, 5], 2: [99, 99, 15, 20]}
-    calls: list[tuple[list[int], int]] = []
+def _scripted(script: dict[int, list[int | None]], every: int = 1):
+    """A ``run`` for :func:`fewest_median_rounds` that reads each (candidate, seed)'s rounds from ``script[seed]``
+    (None: never) and, like :func:`drift_rounds`, goes round by round and ends where ``stop`` holds; its calls, with
+    the round each ended at, are kept."""
+    calls: list[tuple[list[tuple[int, int]], int, int]] = []
 
-    def run(chosen: list[int], seed: int) -> list[int | None]:
-        calls.append((chosen, seed))
-        return [script[seed][j] for j in chosen]
+    def run(pairs: list[tuple[int, int]], cap: int, stop) -> list[int | None]:
+        reached: list[int | None] = [None] * len(pairs)
+        r = 0
+        while r < cap and any(v is None for v in reached):
+            r += 1
+            if r % every:
+                continue
+            reached = [script[s][j] if script[s][j] is not None and script[s][j] <= r else None for j, s in pairs]
+            if stop(r, reached):
+                break
+        calls.append((pairs, cap, r))
+        return reached
 
-    assert median_rounds(run, 4, draws=3) == [5, None, 10, 20]
-    assert calls == [([0, 1, 2, 3], 0), ([0, 1, 2, 3], 1), ([2, 3], 2)]
-    calls.clear()
-    assert median_rounds(run, 4, draws=1) == [5, None, 5, None] and calls == [([0, 1, 2, 3], 0)]
+    return run, calls
+
+
+def test_the_fewest_median_rounds_over_draws_stop_at_the_first_majority() -> None:
+    # Scripted draws of five seeds for four candidates (None: never). Medians: 0 -> 30 (10, 20, 30, 40, 50);
+    # 1 -> 12 (5, 12, None, 12, 90); 2 -> None (three Nones); 3 -> 12 (12, 12, 12, None, None). The fewest: 12, by
+    # candidates 1 and 3.
+    script = {
+        0: [10, 5, None, 12],
+        1: [20, 12, None, 12],
+        2: [30, None, None, 12],
+        3: [40, 12, 1, None],
+        4: [50, 90, 2, None],
+    }
+    run, calls = _scripted(script)
+    assert fewest_median_rounds(run, 4, max_rounds=100, draws=5) == (12, [1, 3])
+    # seeds 0-2 end at round 12, where candidate 3 has reached in all three (the fewest medians are at most 12);
+    # seeds 3 and 4 run for the candidates with a draw within 12 (not 2: none) and end at 12, where candidate 1
+    # has its third draw in (5, 12 and 12) and candidate 3 its three of the first group
+    first = [(j, s) for j in range(4) for s in range(3)]
+    assert calls == [(first, 100, 12), ([(j, s) for j in (0, 1, 3) for s in (3, 4)], 12, 12)]
+    # within a max_rounds of 12 the same; within 11, no candidate's median (a draw past it counts as never)
+    run, calls = _scripted(script)
+    assert fewest_median_rounds(run, 4, max_rounds=12, draws=5) == (12, [1, 3])
+    run, calls = _scripted(script)
+    assert fewest_median_rounds(run, 4, max_rounds=11, draws=5) is None
+    # one draw: the fewest of seed 0's rounds
+    run, calls = _scripted(script)
+    assert fewest_median_rounds(run, 4, max_rounds=100, draws=1) == (5, [1]) and calls == [
+        ([(j, 0) for j in range(4)], 100, 5)
+    ]
+    # rounds counted at evaluations every 10 rounds: 12 is seen at 20, where candidates 1 and 3 have their majority
+    # and 0 (10, 20, then 30) not yet
+    run, calls = _scripted({s: [None if v is None else -(-v // 10) * 10 for v in row] for s, row in script.items()})
+    assert fewest_median_rounds(run, 4, max_rounds=100, draws=5) == (20, [1, 3])
 
 
 def test_stl_rounds_count_the_halvings_down_to_the_noise() -> None:
@@ -411,7 +483,9 @@ def test_the_models_choice_stands_up_to_twice_the_stationary_stages_count(monkey
         monkeypatch.setattr(
             suggest,
             "drift_rounds",
-            lambda m, plans, *, every, max_rounds, seed=0, r=reach: [r if r <= max_rounds else None] * len(plans),
+            lambda m, plans, *, every, max_rounds, seeds=0, stop=None, r=reach: (
+                [r if r <= max_rounds else None] * len(plans)
+            ),
         )
         p = propose(e, eval_every=1)
         if reach < 20:

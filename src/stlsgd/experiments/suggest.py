@@ -61,6 +61,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -159,14 +160,18 @@ WINDOW_NOISE = 2.0
 # against the target's 1e-4 (10, 10, 5 rounds); with the median of three, hastie and digits 1/7 went from 10 to 5
 # rounds (seeds 0-2), and with five digits 2/5 too (docs/results/schedules.md, *The median of five draws*).
 DRIFT_DRAWS = 5
-# The clients' models cost a thin SVD of each client's n_c x d curvature rows and, every model round, two products
-# with their N x d x r bases (r <= min(n_c, d)) and one with the d x d Hessian: they grow as d (d + sum_c min(n_c,
-# d)). Measured with `stlsgd suggest` on this 2-core machine (234 candidates, five draws, up to STATIONARY_SLACK x
-# the stationary stages' count): MNIST 4/9, 32 clients of 368 rows, 784 (784 + 11,791) = 9.9e6, 290 s and 1.0 GB
-# where none reaches (482 s and 1.3 GB with whole d x d eigenbases, N d^2 = 2.0e7); 16 clients of 2,000 features
-# with whole eigenbases, 6.4e7, 433 s and 2.0 GB with fewer candidates and one draw, longer than the run it plans.
-# Above CLIENT_MODEL_SIZE they are not built, and auto runs the stationary stages.
-CLIENT_MODEL_SIZE = 2**25
+# The clients' models cost a thin SVD of each client's n_c x d curvature rows and, every model round and plan, two
+# products with their N x d x r bases (r <= min(n_c, d)) and one with the d x d Hessian: they grow as d (d + sum_c
+# min(n_c, d)). Measured on this 2-core machine (`proposal_for`, 234 candidates, five draws, alone): MNIST 4/9, 32
+# clients of 368 rows, 784 (784 + 11,791) = 9.9e6, 153 s where no candidate reaches (every one's first three draws run
+# to STATIONARY_SLACK x the stationary stages' count); sparse41 (benchmarks/heldout_sets.py: 16 clients of 500 rows,
+# 4,000 features), 4.8e7, 46 s and 1.6 GB where its plan reaches in 20 rounds, over 2^25 when that was the cap (it ran
+# the stationary stages: 6.3x the best grid row; the model's plan 1.33x). Where none reaches, the time grows with the
+# size: about 1,000 s at the cap, extrapolated from MNIST 4/9's. Above CLIENT_MODEL_SIZE they are not built, and auto
+# runs the stationary stages.
+CLIENT_MODEL_SIZE = 2**26
+# drift_rounds runs its plans in chunks whose (N, plans, d) temporaries hold about this many numbers (32 MB).
+CHUNK_ENTRIES = 2**22
 
 
 def _share(sigma2: float, zeta2: float) -> float:
@@ -301,20 +306,20 @@ def clients_at_optimum(
 def _moved(
     m: ClientsAtOptimum, e: np.ndarray, g: np.ndarray, ue: np.ndarray, ug: np.ndarray, sums: np.ndarray
 ) -> np.ndarray:
-    """Each client's model minus x* (C, N, d) after steps whose lr sums are ``sums`` (3, C), from ``e`` (C, d), the
-    average's error, with ``g`` (C, N, d), its fixed point's gradient term; ``ue`` and ``ug`` are both in the
-    clients' bases (C, N, r) (:func:`drift_rounds`). Along curvature h the error shrinks by s(h) = exp(-h S1 -
+    """Each client's model minus x* (N, P, d) after steps whose lr sums are ``sums`` (3, P), from ``e`` (P, d), the
+    average's error, with ``g`` (N, P, d), its fixed point's gradient term; ``ue`` and ``ug`` are both in the
+    clients' bases (N, P, r) (:func:`drift_rounds`). Along curvature h the error shrinks by s(h) = exp(-h S1 -
     h^2 S2 / 2 - h^3 S3 / 3) and g pulls by (1 - s(h)) / h: outside the bases h = lam, inside the difference."""
-    S1, S2, S3 = (s[:, None, None] for s in sums)
+    S1, S2, S3 = (s[None, :, None] for s in sums)
 
     def shrink_pull(h: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:  # h > 0: lam > 0 (Eq. 8)
         x = h * S1 + h**2 * S2 / 2 + h**3 * S3 / 3
         return np.exp(-x), -np.expm1(-x) / h
 
-    s_h, p_h = shrink_pull(m.curvatures[None])  # (C, N, r)
-    s_l, p_l = shrink_pull(m.lam)  # (C, 1, 1)
+    s_h, p_h = shrink_pull(m.curvatures[:, None, :])  # (N, P, r)
+    s_l, p_l = shrink_pull(m.lam)  # (1, P, 1)
     inside = (s_h - s_l) * ue - (p_h - p_l) * ug
-    return s_l * e[:, None, :] - p_l * g + np.matmul(m.bases, inside.transpose(1, 2, 0)).transpose(2, 0, 1)
+    return s_l * e[None] - p_l * g + np.matmul(inside, m.bases.transpose(0, 2, 1))
 
 
 class RoundSums(NamedTuple):
@@ -383,69 +388,89 @@ def plan_rounds(
 
 
 def drift_rounds(
-    m: ClientsAtOptimum, plans: Sequence[PlanRounds], *, every: int = 1, max_rounds: int, seed: int = 0
+    m: ClientsAtOptimum,
+    plans: Sequence[PlanRounds],
+    *,
+    every: int = 1,
+    max_rounds: int,
+    seeds: int | Sequence[int] = 0,
+    stop: Callable[[int, list[int | None]], bool] | None = None,
 ) -> list[int | None]:
     """For each plan (its rounds as it gives them without feedback, :func:`plan_rounds`): the rounds it takes, with
     drift correction (SCAFFOLD, option II; with a ``window`` W, the control variates from each round's first W
     steps, :class:`~stlsgd.executors.rules.RoundRule`'s ``drift_window``), from x_0 = 0 to the target gap in the
     clients' quadratic models at x*, counted at evaluations every ``every`` rounds; None when not within
-    ``max_rounds`` rounds, or where :class:`PlanRounds` stops (the budget, the plans' cap on a period, a first step
-    that would not contract).
+    ``max_rounds`` rounds, where :class:`PlanRounds` stops (the budget, the plans' cap on a period, a first step
+    that would not contract), or not by the evaluation at which ``stop(round, reached so far)`` holds.
 
     Each round, client c steps from the averaged model x with its correction delta_c = c - c_c on the round's
     learning rates eta_t: in its eigenbasis the error to its fixed point z_c = x* - H_c^-1 (g_c + delta_c) shrinks
     by prod_t (1 - eta_t h), taken as exp(-h S1 - h^2 S2 / 2 - h^3 S3 / 3) with S_j = sum_t eta_t^j; then
     c_c <- c_c - c + (x - y_c) / S1 (:func:`~stlsgd.executors.rules.update_control`; y_c and S1 those of the
     window's steps) plus the noise of a mean of the window's (or round's) W batch samples, drawn as N(0,
-    WINDOW_NOISE Sigma_c / (W batch)) (:attr:`ClientsAtOptimum.spreads`; one draw per client and round, the same
-    for every plan, from ``seed``),
-    and x <- mean_c y_c. The gap at an evaluation is the bias (x - x*)^T H (x - x*) / 2 plus the N clients'
-    averaged noise at the round's last step, eta sigma_c^2 / (4 N batch) (sigma_c^2 the clients' own variance,
-    :attr:`ClientsAtOptimum.noise`). The plans run side by side, so that each pass over the clients' N x d x r
-    bases serves all of them."""
+    WINDOW_NOISE Sigma_c / (W batch)) (:attr:`ClientsAtOptimum.spreads`; one draw per client and round from plan
+    j's seed, ``seeds[j]`` or the one ``seeds``: plans of the same seed see the same draws), and x <- mean_c y_c. The
+    gap at an evaluation is the bias (x - x*)^T H (x - x*) / 2 plus the N clients' averaged noise at the round's last
+    step, eta sigma_c^2 / (4 N batch) (sigma_c^2 the clients' own variance, :attr:`ClientsAtOptimum.noise`).
+
+    The plans run side by side, so that each pass over the clients' N x d x r bases serves all of them, in chunks
+    of about CHUNK_ENTRIES numbers a temporary; a plan is dropped from the arrays once it reaches or stops."""
     n, d = m.gradients.shape
-    C = len(plans)
+    count = len(plans)
+    seed_of = np.full(count, seeds) if isinstance(seeds, int) else np.asarray(seeds)
+    rngs = [np.random.default_rng(s) for s in np.unique(seed_of).tolist()]
+    draw_of = np.searchsorted(np.unique(seed_of), seed_of)  # each plan's row of the round's draws
     windowed = np.array([p.window is not None for p in plans])
     batch = np.array([p.batch for p in plans], dtype=float)
-    e = np.tile(-m.x, (C, 1))  # x - x*, from x_0 = 0
-    control = np.zeros((C, n, d))
-    reached: list[int | None] = [None] * C
-    alive = np.ones(C, dtype=bool)
-    Vt = np.ascontiguousarray(m.bases.transpose(0, 2, 1))
-    # a plan that stops keeps its last sums (S1 > 0: no 0 / 0); the window's sums are the round's without one
-    sums, wsums, last, samples = np.ones((3, C)), np.ones((3, C)), np.zeros(C), np.ones(C)
-    rng = np.random.default_rng(seed)
+    # a plan's sums once it has read a round (the window's are the round's without one)
+    sums, wsums, last, samples = np.ones((3, count)), np.ones((3, count)), np.zeros(count), np.ones(count)
+    reached: list[int | None] = [None] * count
+    live = np.arange(count)  # the plans still run: e's rows and control's columns, in this order
+    e = np.tile(-m.x, (count, 1))  # x - x*, from x_0 = 0
+    control = np.zeros((n, count, d))
+    chunk = max(CHUNK_ENTRIES // (n * d), 1)
     for r in range(1, max_rounds + 1):
-        for j in np.flatnonzero(alive).tolist():
+        keep = np.ones(len(live), dtype=bool)
+        for i, j in enumerate(live.tolist()):
             got = plans[j][r - 1]
             if got is None:
-                alive[j] = False
-                continue
-            sums[:, j], wsums[:, j], last[j], samples[j] = got
-        if not alive.any():
+                keep[i] = False
+            else:
+                sums[:, j], wsums[:, j], last[j], samples[j] = got
+        if not keep.all():
+            live, e, control = live[keep], e[keep], control[:, keep]
+        if not len(live):
             break
-        delta = control.mean(axis=1, keepdims=True) - control  # (C, N, d)
-        g = m.gradients[None] + delta
-        # One pass over the bases: both vectors of every plan in client c's basis.
-        both = np.concatenate([np.broadcast_to(e[:, None, :], (C, n, d)), g], axis=0)
-        local = np.matmul(Vt, both.transpose(1, 2, 0))  # (N, r, 2C)
-        ue, ug = local[..., :C].transpose(2, 0, 1), local[..., C:].transpose(2, 0, 1)
-        moved = _moved(m, e, g, ue, ug, sums)
-        measured = moved  # where each plan's control variates are read: its window's end, else the round's
-        if windowed.any():
-            measured = moved.copy()
-            measured[windowed] = _moved(m, e[windowed], g[windowed], ue[windowed], ug[windowed], wsums[:, windowed])
-        control = -delta + (e[:, None, :] - measured) / wsums[0][:, None, None]
-        if m.spreads:
-            draw = np.stack([f.T @ rng.standard_normal(f.shape[0]) for f in m.spreads])  # (N, d) ~ N(0, Sigma_c)
-            control += draw[None] * np.sqrt(WINDOW_NOISE / samples)[:, None, None]
-        e = moved.mean(axis=1)
+        draws = None
+        if m.spreads:  # (seeds, N, d): each seed's N(0, Sigma_c) for every client
+            draws = np.array([[f.T @ rng.standard_normal(f.shape[0]) for f in m.spreads] for rng in rngs])
+        for a in range(0, len(live), chunk):
+            at = live[a : a + chunk]
+            ctrl, ea = control[:, a : a + chunk], e[a : a + chunk]
+            delta = ctrl.mean(axis=0) - ctrl  # (N, P, d)
+            g = m.gradients[:, None, :] + delta
+            ue, ug = np.matmul(ea, m.bases), np.matmul(g, m.bases)  # both in client c's basis: (N, P, r)
+            moved = _moved(m, ea, g, ue, ug, sums[:, at])
+            measured = moved  # where each plan's control variates are read: its window's end, else the round's
+            w = windowed[at]
+            if w.any():
+                measured = moved.copy()
+                measured[:, w] = _moved(m, ea[w], g[:, w], ue[:, w], ug[:, w], wsums[:, at[w]])
+            ctrl = -delta + (ea[None] - measured) / wsums[0, at][None, :, None]
+            if draws is not None:
+                ctrl += draws[draw_of[at]].transpose(1, 0, 2) * np.sqrt(WINDOW_NOISE / samples[at])[None, :, None]
+            control[:, a : a + chunk] = ctrl
+            e[a : a + chunk] = moved.mean(axis=0)
         if r % every:
             continue
-        gap = 0.5 * np.einsum("cd,cd->c", e @ m.hessian, e) + last * m.noise / (4 * n * batch)
-        for done in np.flatnonzero(alive & (gap <= m.target_gap)).tolist():
-            reached[done] = r
-            alive[done] = False
+        gap = 0.5 * np.einsum("cd,cd->c", e @ m.hessian, e) + last[live] * m.noise / (4 * n * batch[live])
+        done = gap <= m.target_gap
+        for j in live[done].tolist():
+            reached[j] = r
+        if done.any():
+            live, e, control = live[~done], e[~done], control[:, ~done]
+        if stop is not None and stop(r, reached):
+            break
     return reached
 
 
@@ -488,7 +513,7 @@ def estimate(
     size = d * (d + int(np.minimum(partition.sizes, d).sum()))
     skipped = (
         f"the clients' models at x* not built: d (d + sum_c min(n_c, d)) = {size:.3g} is over "
-        f"{CLIENT_MODEL_SIZE:.3g} (their cost grows as that; MNIST 4/9's 9.9e6 takes 290 s)"
+        f"{CLIENT_MODEL_SIZE:.3g} (their cost grows as that: 153 s at MNIST 4/9's 9.9e6 where no plan reaches)"
         if client_models and differ and size > CLIENT_MODEL_SIZE
         else None
     )
@@ -668,48 +693,76 @@ def drift_pick(
     e: Estimates, m: ClientsAtOptimum, bar: int, batch: int, max_iterations: int | None, eval_every: int
 ) -> dict[str, Any] | None:
     """The plan of :func:`drift_candidates` that reaches the target in the fewest rounds of :func:`drift_rounds`,
-    the median of DRIFT_DRAWS draws of the window's noise (:func:`median_rounds`; then the fewest steps), if fewer
+    the median of DRIFT_DRAWS draws of the window's noise (:func:`fewest_median_rounds`; then the fewest steps), if fewer
     than ``bar`` (STATIONARY_SLACK x the stationary stages' count, :func:`stl_rounds`); else None."""
     candidates = drift_candidates(e)
     context = PlanContext(num_samples=e.n, num_clients=e.num_clients, lam=e.mu, iid=False)
     plans = [method_config(STLSCConfig(auto=True, batch=batch), c).plan(context) for c in candidates]
     built = plan_rounds(m, plans, [c.get("drift_window") for c in candidates], batch, max_iterations)
-    rounds = median_rounds(
-        lambda chosen, seed: drift_rounds(
-            m, [built[j] for j in chosen], every=eval_every, max_rounds=bar - 1, seed=seed
+    best = fewest_median_rounds(
+        lambda pairs, cap, stop: drift_rounds(
+            m,
+            [built[j] for j, _ in pairs],
+            every=eval_every,
+            max_rounds=cap,
+            seeds=[seed for _, seed in pairs],
+            stop=stop,
         ),
         len(plans),
+        bar - 1,
     )
-    found = [(r, i) for i, r in enumerate(rounds) if r is not None]
-    if not found:
+    if best is None:
         return None
     # the fewest rounds, then the fewest steps to them (the candidates' order breaks what is left)
-    r, i = min(found, key=lambda f: (f[0], _steps_to(plans[f[1]], f[0]), f[1]))
+    r, tied = best
+    i = min(tied, key=lambda j: (_steps_to(plans[j], r), j))
     return {**candidates[i], "model_rounds": r, "fallback": None}
 
 
-def median_rounds(
-    run: Callable[[list[int], int], list[int | None]], count: int, draws: int = DRIFT_DRAWS
-) -> list[int | None]:
-    """Each of ``count`` candidates' median rounds over ``draws`` noise draws (None, not reached, above every
-    number), where ``run(chosen, seed)`` gives the rounds of the candidates ``chosen`` at draw ``seed``. A draw runs
-    only the candidates whose median the draws so far leave open (whatever the rest would give): a candidate that
-    never reaches is settled by a majority of the draws (three of five)."""
+def fewest_median_rounds(
+    run: Callable[[list[tuple[int, int]], int, Callable[[int, list[int | None]], bool]], list[int | None]],
+    count: int,
+    max_rounds: int,
+    draws: int = DRIFT_DRAWS,
+) -> tuple[int, list[int]] | None:
+    """The fewest rounds, in median over ``draws`` noise draws (seeds 0, 1, ...), that any of ``count`` candidates
+    takes within ``max_rounds``, and the candidates that take them; None when none does. ``run(pairs, cap, stop)``
+    gives the rounds of (candidate, seed) ``pairs`` within ``cap`` (None: not within it), as :func:`drift_rounds`
+    does, and may end at the first evaluation at which ``stop(round, reached so far)`` holds.
+
+    A candidate's median is at most r once a majority of its draws have reached by r, so the draws run in two
+    groups: the majority's seeds for every candidate, ended at the first round at which some candidate has reached
+    in all of them (the fewest median rounds are at most that: the cap for what follows), then the rest's seeds for
+    the candidates with a draw within the cap, ended at the first round at which a majority of some candidate's
+    draws of both groups have reached. A draw not within the cap counts as above every number: it cannot change a
+    median at the cap or under it, and only those decide."""
+    need = draws // 2 + 1
     got: list[list[float]] = [[] for _ in range(count)]
-    mid = draws // 2
-
-    def bounds(v: list[float]) -> tuple[float, float]:
-        rest = draws - len(v)
-        return sorted(v + [-math.inf] * rest)[mid], sorted(v + [math.inf] * rest)[mid]
-
-    for seed in range(draws):
-        chosen = [j for j in range(count) if len(set(bounds(got[j]))) > 1]
-        if not chosen:
+    cap = max_rounds
+    for group in (range(need), range(need, draws)):
+        pairs = [(j, s) for j in range(count) if sum(v <= cap for v in got[j]) + len(group) >= need for s in group]
+        if not pairs:
             break
-        for j, r in zip(chosen, run(chosen, seed), strict=True):
-            got[j].append(math.inf if r is None else r)
-    medians = [bounds(v)[0] for v in got]
-    return [None if r == math.inf else int(r) for r in medians]
+        for (j, _), rounds in zip(pairs, run(pairs, cap, partial(_majority_within, got, pairs, need)), strict=True):
+            got[j].append(math.inf if rounds is None else rounds)
+        # the round at which the run stopped, or the fewest rounds a majority of some candidate's draws reached in
+        cap = int(min([sorted(v)[need - 1] for v in got if len(v) >= need] + [cap]))
+    medians = [sorted(v + [math.inf] * (draws - len(v)))[draws // 2] for v in got]
+    fewest = min(medians, default=math.inf)
+    if fewest == math.inf:
+        return None
+    return int(fewest), [j for j, v in enumerate(medians) if v == fewest]
+
+
+def _majority_within(
+    got: list[list[float]], pairs: list[tuple[int, int]], need: int, r: int, reached: list[int | None]
+) -> bool:
+    """Whether ``need`` of some candidate's draws have reached by round r: those in ``got`` and the ``pairs``'
+    (candidate, seed) ``reached`` so far (:func:`fewest_median_rounds`)."""
+    within = [sum(v <= r for v in values) for values in got]
+    for (j, _), rounds in zip(pairs, reached, strict=True):
+        within[j] += rounds is not None
+    return max(within) >= need
 
 
 def drift_candidates(e: Estimates) -> list[dict[str, Any]]:
@@ -908,7 +961,7 @@ __all__ = [
     "drift_rounds",
     "estimate",
     "estimates_for",
-    "median_rounds",
+    "fewest_median_rounds",
     "model_gap",
     "one_round",
     "plan_rounds",
