@@ -337,6 +337,15 @@ def test_the_clients_model_rounds_by_hand() -> None:
     noisy = _clients(0.5, [0.0], noise=0.05)
     stl = STLSGD(lr=0.1, T1=20, k1=10)
     assert _rounds(noisy, [local, stl], every=1, max_rounds=1000) == [None, 6]
+    # The lowest last lr an evaluation sees, with which drift_rounds leaves out a plan whose noise alone stays over
+    # the target (local's 0.1 x 0.05 / 4 = 1.25e-3 at every round): STL's rounds end at 0.1, 0.1, 0.05, 0.05, 0.025,
+    # 0.025 (iterations 10, 20, 40, 60, 100, 140); seen every round 0.025 by round 6, every 4th 0.05, every 5th none
+    # within 3 rounds; within a budget of 80 steps, 0.05 (round 5 would cross it).
+    local_rounds, stl_rounds_ = plan_rounds(noisy, [local, stl])
+    assert local_rounds.lowest_last(1000, 1) == 0.1
+    assert stl_rounds_.lowest_last(6, 1) == 0.025 and stl_rounds_.lowest_last(6, 4) == 0.05
+    assert stl_rounds_.lowest_last(3, 5) == math.inf
+    assert plan_rounds(noisy, [stl], budget=80)[0].lowest_last(1000, 1) == 0.05
     # Two clients with the same curvature and opposite gradients at x*: each round's fixed points and the control
     # variates move symmetrically, so their average runs as the one client does.
     assert _rounds(_clients(0.5, [0.3, -0.3]), [local], every=1, max_rounds=100) == [6]

@@ -68,7 +68,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import scipy.sparse as sp
 
-from stlsgd.algorithms.plan import Cursor, Plan
+from stlsgd.algorithms.plan import Cursor, Plan, Round
 from stlsgd.algorithms.registry import MAX_STEPS, REGISTRY, MethodConfig, PlanContext
 from stlsgd.algorithms.schedules import DEFAULT_K_MAX
 from stlsgd.algorithms.stl_sgd import STATIONARY_WINDOW, STLSCConfig
@@ -163,12 +163,12 @@ DRIFT_DRAWS = 5
 # The clients' models cost a thin SVD of each client's n_c x d curvature rows and, every model round and plan, two
 # products with their N x d x r bases (r <= min(n_c, d)) and one with the d x d Hessian: they grow as d (d + sum_c
 # min(n_c, d)). Measured on this 2-core machine (`proposal_for`, 234 candidates, five draws, alone): MNIST 4/9, 32
-# clients of 368 rows, 784 (784 + 11,791) = 9.9e6, 153 s where no candidate reaches (every one's first three draws run
-# to STATIONARY_SLACK x the stationary stages' count); sparse41 (benchmarks/heldout_sets.py: 16 clients of 500 rows,
-# 4,000 features), 4.8e7, 46 s and 1.6 GB where its plan reaches in 20 rounds, over 2^25 when that was the cap (it ran
-# the stationary stages: 6.3x the best grid row; the model's plan 1.33x). Where none reaches, the time grows with the
-# size: about 1,000 s at the cap, extrapolated from MNIST 4/9's. Above CLIENT_MODEL_SIZE they are not built, and auto
-# runs the stationary stages.
+# clients of 368 rows, 784 (784 + 11,791) = 9.9e6, 63 s where no candidate reaches (the first three draws of every
+# one whose noise term alone does not keep it over the target run to STATIONARY_SLACK x the stationary stages'
+# count); sparse41 (benchmarks/heldout_sets.py: 16 clients of 500 rows, 4,000 features), 4.8e7, 37 s and 1.6 GB
+# where its plan reaches in 20 rounds, over 2^25 when that was the cap (it ran the stationary stages: 6.3x the best
+# grid row; the model's plan 1.33x). Where none reaches, the time grows with the size: about 430 s at the cap,
+# extrapolated from MNIST 4/9's. Above CLIENT_MODEL_SIZE they are not built, and auto runs the stationary stages.
 CLIENT_MODEL_SIZE = 2**26
 # drift_rounds runs its plans in chunks whose (N, plans, d) temporaries hold about this many numbers (32 MB).
 CHUNK_ENTRIES = 2**22
@@ -336,17 +336,18 @@ class PlanRounds:
     """One plan's rounds as :func:`drift_rounds` reads them (:class:`RoundSums`), None from the round it stops at
     (over the plans' cap on a period or over ``budget``, or a first step that would not contract: lr ``h_max`` >= 1).
     Built as far as asked and kept: a plan's rounds do not depend on the noise, so the draws of
-    :func:`median_rounds` build them once. ``window``: the control variates from each round's first ``window``
-    steps (None: the whole round's, option II)."""
+    :func:`fewest_median_rounds` build them once; a round's sums only when read (:meth:`lowest_last` needs none).
+    ``window``: the control variates from each round's first ``window`` steps (None: the whole round's, option II)."""
 
     def __init__(self, plan: Plan, window: int | None, batch: int, budget: int | None, h_max: float) -> None:
         self.window, self.batch = window, batch
         self._plan, self._budget, self._h_max = plan, budget, h_max
         self._cursor = Cursor()
-        self._rounds: list[RoundSums] = []
+        self._rounds: list[Round] = []
+        self._sums: list[RoundSums] = []
         self._stopped = False
 
-    def __getitem__(self, r: int) -> RoundSums | None:
+    def _round(self, r: int) -> Round | None:
         while len(self._rounds) <= r and not self._stopped:
             rnd = self._plan.next_round(self._cursor)
             self._cursor = self._plan.advance(self._cursor, rnd)
@@ -354,15 +355,22 @@ class PlanRounds:
             # one that would cross the budget: the executors cut it there and end the run, so a plan that misses in
             # it never reaches; counted at a third of the target, it ended a make_blobs run at its budget
             # (docs/results/schedules.md, *The budget's last round, in the clients' model*).
-            if rnd.steps > DEFAULT_K_MAX or (self._budget is not None and self._cursor.iteration > self._budget):
+            if rnd.lr is None:
+                raise ValueError("the clients' model runs plans that set their learning rates")
+            over = rnd.steps > DEFAULT_K_MAX or (self._budget is not None and self._cursor.iteration > self._budget)
+            if over or rnd.lr * self._h_max >= 1.0:
                 self._stopped = True
                 break
-            lrs = rnd.learning_rates()
-            if lrs[0] * self._h_max >= 1.0:
-                self._stopped = True
-                break
+            self._rounds.append(rnd)
+        return self._rounds[r] if r < len(self._rounds) else None
+
+    def __getitem__(self, r: int) -> RoundSums | None:
+        if self._round(r) is None:
+            return None
+        while len(self._sums) <= r:
+            lrs = self._rounds[len(self._sums)].learning_rates()
             seen = len(lrs) if self.window is None else min(self.window, len(lrs))
-            self._rounds.append(
+            self._sums.append(
                 RoundSums(
                     [np.add.reduce(lrs**p) for p in (1, 2, 3)],
                     [np.add.reduce(lrs[:seen] ** p) for p in (1, 2, 3)],
@@ -370,7 +378,14 @@ class PlanRounds:
                     float(seen * self.batch),
                 )
             )
-        return self._rounds[r] if r < len(self._rounds) else None
+        return self._sums[r]
+
+    def lowest_last(self, rounds: int, every: int) -> float:
+        """The lowest learning rate at the last step of the rounds among the first ``rounds`` that an evaluation every
+        ``every`` rounds sees (inf: none)."""
+        evaluated = (self._round(r - 1) for r in range(every, rounds + 1, every))
+        lasts = [r.lrs(np.array([r.end_iteration - 1]))[0] for r in evaluated if r is not None and r.lrs is not None]
+        return float(min(lasts, default=math.inf))
 
 
 def plan_rounds(
@@ -425,9 +440,13 @@ def drift_rounds(
     # a plan's sums once it has read a round (the window's are the round's without one)
     sums, wsums, last, samples = np.ones((3, count)), np.ones((3, count)), np.zeros(count), np.ones(count)
     reached: list[int | None] = [None] * count
-    live = np.arange(count)  # the plans still run: e's rows and control's columns, in this order
-    e = np.tile(-m.x, (count, 1))  # x - x*, from x_0 = 0
-    control = np.zeros((n, count, d))
+    # A plan whose averaged noise alone is over the target at every evaluation it has never reaches (the bias is >= 0):
+    # not run. Where no candidate reaches, half of them are such (MNIST 4/9: 114 of 234).
+    lowest = {id(p): p.lowest_last(max_rounds, every) for p in plans}
+    live = np.flatnonzero([lowest[id(p)] * m.noise / (4 * n * p.batch) <= m.target_gap for p in plans])
+    # the plans still run, in the order of e's rows and control's columns
+    e = np.tile(-m.x, (len(live), 1))  # x - x*, from x_0 = 0
+    control = np.zeros((n, len(live), d))
     chunk = max(CHUNK_ENTRIES // (n * d), 1)
     for r in range(1, max_rounds + 1):
         keep = np.ones(len(live), dtype=bool)
@@ -513,7 +532,7 @@ def estimate(
     size = d * (d + int(np.minimum(partition.sizes, d).sum()))
     skipped = (
         f"the clients' models at x* not built: d (d + sum_c min(n_c, d)) = {size:.3g} is over "
-        f"{CLIENT_MODEL_SIZE:.3g} (their cost grows as that: 153 s at MNIST 4/9's 9.9e6 where no plan reaches)"
+        f"{CLIENT_MODEL_SIZE:.3g} (their cost grows as that: 63 s at MNIST 4/9's 9.9e6 where no plan reaches)"
         if client_models and differ and size > CLIENT_MODEL_SIZE
         else None
     )
