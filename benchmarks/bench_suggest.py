@@ -34,8 +34,10 @@ A9A_NONIID = {
 }
 
 
-def in_turn(e: suggest.Estimates, m: suggest.ClientsAtOptimum, bar: int, exp: Experiment) -> tuple[int, int] | None:
-    """The baseline: (rounds, candidate) of the fewest median rounds, each draw run alone up to ``bar`` - 1."""
+def in_turn(
+    e: suggest.Estimates, m: suggest.ClientsAtOptimum, bar: int, exp: Experiment
+) -> tuple[int, dict[str, Any]] | None:
+    """The baseline: the fewest median rounds and the candidate, each draw run alone up to ``bar`` - 1."""
     batch, every = exp.algorithm.batch, exp.run.eval_every
     candidates = suggest.drift_candidates(e)
     context = PlanContext(num_samples=e.n, num_clients=e.num_clients, lam=e.mu, iid=False)
@@ -52,7 +54,8 @@ def in_turn(e: suggest.Estimates, m: suggest.ClientsAtOptimum, bar: int, exp: Ex
     found = [(int(r), i) for i, r in enumerate(medians) if r < math.inf]
     if not found:
         return None
-    return min(found, key=lambda f: (f[0], suggest._steps_to(plans[f[1]], f[0]), f[1]))
+    r, i = min(found, key=lambda f: (f[0], suggest._steps_to(plans[f[1]], f[0]), f[1]))
+    return r, candidates[i]
 
 
 def main() -> None:
@@ -73,35 +76,31 @@ def main() -> None:
         raise SystemExit(f"no clients' models for this config ({e.clients_skipped or 'alike clients or no target'})")
     stl = suggest.stl_rounds(e, m.noise, m.target_gap, exp.run.eval_every, exp.algorithm.batch)
     bar = suggest.STATIONARY_SLACK * stl
-    candidates = suggest.drift_candidates(e)
     times: dict[str, list[float]] = {"shipped": [], "in turn": []}
     chosen: dict[str, Any] = {}
     for _ in range(args.repeats):
         t = time.perf_counter()
         pick = suggest.drift_pick(e, m, bar, exp.algorithm.batch, exp.run.max_iterations, exp.run.eval_every)
         times["shipped"].append(time.perf_counter() - t)
-        chosen["shipped"] = (
-            None
-            if pick is None
-            else (
-                pick["model_rounds"],
-                candidates.index({k: v for k, v in pick.items() if k not in ("model_rounds", "fallback")}),
-            )
-        )
+        chosen["shipped"] = None
+        if pick is not None:  # the candidate as drift_candidates gives it, and its rounds
+            rounds, plan = pick.pop("model_rounds"), {k: v for k, v in pick.items() if k != "fallback"}
+            chosen["shipped"] = (rounds, plan)
         t = time.perf_counter()
         chosen["in turn"] = in_turn(e, m, bar, exp)
         times["in turn"].append(time.perf_counter() - t)
-    print(f"{len(candidates)} candidates, five draws, up to {bar - 1} rounds; d = {e.d}, N = {e.num_clients}")
+    count = len(suggest.drift_candidates(e))
+    print(f"{count} candidates, five draws, up to {bar - 1} rounds; d = {e.d}, N = {e.num_clients}")
     for name, ts in times.items():
         got = chosen[name]
-        what = "none reaches" if got is None else f"candidate {got[1]} in {got[0]} rounds"
+        what = "none reaches" if got is None else f"{got[0]} rounds"
         print(f"{name:>8}: median {statistics.median(ts):.2f} s of {len(ts)} ({what})")
     ratio = statistics.median(times["in turn"]) / statistics.median(times["shipped"])
     print(f"ratio (in turn / shipped): {ratio:.2f}x")
     if chosen["shipped"] != chosen["in turn"]:
         raise SystemExit(f"the choices differ: {chosen}")
     if chosen["shipped"] is not None:
-        print("chosen:", candidates[chosen["shipped"][1]])
+        print("chosen by both:", chosen["shipped"][1])
 
 
 if __name__ == "__main__":

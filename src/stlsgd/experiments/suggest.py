@@ -384,7 +384,7 @@ class PlanRounds:
         """The lowest learning rate at the last step of the rounds among the first ``rounds`` that an evaluation every
         ``every`` rounds sees (inf: none)."""
         evaluated = (self._round(r - 1) for r in range(every, rounds + 1, every))
-        lasts = [r.lrs(np.array([r.end_iteration - 1]))[0] for r in evaluated if r is not None and r.lrs is not None]
+        lasts = [x.lrs(np.array([x.end_iteration - 1]))[0] for x in evaluated if x is not None and x.lrs is not None]
         return float(min(lasts, default=math.inf))
 
 
@@ -429,7 +429,8 @@ def drift_rounds(
     step, eta sigma_c^2 / (4 N batch) (sigma_c^2 the clients' own variance, :attr:`ClientsAtOptimum.noise`).
 
     The plans run side by side, so that each pass over the clients' N x d x r bases serves all of them, in chunks
-    of about CHUNK_ENTRIES numbers a temporary; a plan is dropped from the arrays once it reaches or stops."""
+    of about CHUNK_ENTRIES numbers a temporary; a plan leaves the arrays once it reaches or stops, and one whose
+    noise term alone is over the target at every evaluation it has (:meth:`PlanRounds.lowest_last`) never enters."""
     n, d = m.gradients.shape
     count = len(plans)
     seed_of = np.full(count, seeds) if isinstance(seeds, int) else np.asarray(seeds)
@@ -712,8 +713,8 @@ def drift_pick(
     e: Estimates, m: ClientsAtOptimum, bar: int, batch: int, max_iterations: int | None, eval_every: int
 ) -> dict[str, Any] | None:
     """The plan of :func:`drift_candidates` that reaches the target in the fewest rounds of :func:`drift_rounds`,
-    the median of DRIFT_DRAWS draws of the window's noise (:func:`fewest_median_rounds`; then the fewest steps), if fewer
-    than ``bar`` (STATIONARY_SLACK x the stationary stages' count, :func:`stl_rounds`); else None."""
+    the median of DRIFT_DRAWS draws of the window's noise (:func:`fewest_median_rounds`; then the fewest steps), if
+    fewer than ``bar`` (STATIONARY_SLACK x the stationary stages' count, :func:`stl_rounds`); else None."""
     candidates = drift_candidates(e)
     context = PlanContext(num_samples=e.n, num_clients=e.num_clients, lam=e.mu, iid=False)
     plans = [method_config(STLSCConfig(auto=True, batch=batch), c).plan(context) for c in candidates]
