@@ -12,9 +12,10 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
 
     .venv/bin/stlsgd sweep OUT/parity.sweep.yaml --data-dir ../shared/data --jobs 2 --out OUT/parity_grid
 
-The features are scikit-learn's, MinMax-scaled (digits: pixels / 16), MNIST's test split (3 against 5, pixels / 255,
-read from the data directory: $STLSGD_DATA, e.g. ../shared/data), or sparse and text-like (sparse17, sparse29 and
-sparse41: 1,500, 1,200 and 4,000 features, 2%, 1% and 0.5% of them non-zero, rows of unit length); labels +1 / -1.
+The features are scikit-learn's, MinMax-scaled (digits: pixels / 16), MNIST's test split (3 against 5 and 2 against
+7, pixels / 255, read from the data directory: $STLSGD_DATA, e.g. ../shared/data), or sparse and text-like
+(sparse17, sparse29, sparse41 and sparse53: 1,500, 1,200, 4,000 and 3,000 features, 2%, 1%, 0.5% and 0.7% of them
+non-zero, rows of unit length); labels +1 / -1.
 The registered sets (digits 4/9, mushrooms, w8a) need no file: their configs name them.
 """
 
@@ -147,6 +148,8 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     ),
     "digits_loops": (_digits(lambda t: np.isin(t, (0, 6, 8, 9))), 8),
     "sparse41": (_sparse(41, 8000, 4000, 0.005, 0.03), 16),
+    "sparse53": (_sparse(53, 9000, 3000, 0.007, 0.03), 16),
+    "mnist27_test": (_mnist_test(2, 7), 8),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16}
