@@ -132,6 +132,27 @@ def test_newton_optimum_is_stationary_and_cached(tmp_path, shared_data):
     assert all(problem.loss(w + t * d) > fstar for t in (1e-3, -1e-3))
 
 
+def test_dense_rows_stored_sparse_get_the_same_hessian_by_a_dense_product(monkeypatch):
+    # digits 4/9 with 0.01 added to every pixel (every entry non-zero) and the dense path's threshold lowered: the
+    # Hessian and Newton's x* agree with the sparse product's to rounding; a matrix under a quarter non-zero keeps
+    # the sparse product, bit for bit.
+    ds = load_dataset("digits49")
+    dense_rows = sp.csr_matrix(ds.X.toarray() + 0.01)  # every entry non-zero
+    problem = LogisticRegression(dense_rows, ds.y)
+    w = np.random.default_rng(0).standard_normal(64) * 0.1
+    sparse_h, (sparse_w, sparse_f) = problem.hessian(w), problem.newton()
+    monkeypatch.setattr(logistic, "DENSE_HESSIAN_NNZ", 1)
+    assert problem.hessian(w) == pytest.approx(sparse_h, rel=1e-12, abs=1e-15)
+    w_star, f_star = problem.newton()
+    assert w_star == pytest.approx(sparse_w, rel=1e-9, abs=1e-12) and f_star == pytest.approx(sparse_f, rel=1e-14)
+    sparser = LogisticRegression(sp.csr_matrix(np.where(ds.X.toarray() > 0.9, ds.X.toarray(), 0.0)), ds.y)
+    assert 4 * sparser.X.nnz < sparser.X.shape[0] * sparser.X.shape[1]
+    monkeypatch.setattr(logistic, "DENSE_HESSIAN_NNZ", 1 << 24)
+    before = sparser.hessian(w)
+    monkeypatch.setattr(logistic, "DENSE_HESSIAN_NNZ", 1)
+    assert np.array_equal(sparser.hessian(w), before)
+
+
 def test_evaluate_reports_objective_and_accuracy():
     problem = LogisticRegression(X, Y, lam=0.1)
     state = {"w": np.array([[1.0, -1.0]])}
