@@ -21,8 +21,6 @@ import statistics
 import time
 from typing import Any
 
-from stlsgd.algorithms.registry import PlanContext
-from stlsgd.algorithms.stl_sgd import STLSCConfig
 from stlsgd.experiments import suggest
 from stlsgd.experiments.build import build
 from stlsgd.experiments.config import Experiment, load_config
@@ -38,13 +36,9 @@ def in_turn(
     e: suggest.Estimates, m: suggest.ClientsAtOptimum, bar: int, exp: Experiment
 ) -> tuple[int, dict[str, Any]] | None:
     """The baseline: the fewest median rounds and the candidate, each draw run alone up to ``bar`` - 1."""
-    batch, every = exp.algorithm.batch, exp.run.eval_every
-    candidates = suggest.drift_candidates(e)
-    context = PlanContext(num_samples=e.n, num_clients=e.num_clients, lam=e.mu, iid=False)
-    plans = [suggest.method_config(STLSCConfig(auto=True, batch=batch), c).plan(context) for c in candidates]
-    built = suggest.plan_rounds(m, plans, [c.get("drift_window") for c in candidates], batch, exp.run.max_iterations)
+    candidates, plans, built = suggest.candidate_plans(e, m, exp.algorithm.batch, exp.run.max_iterations)
     draws = [
-        suggest.drift_rounds(m, built, every=every, max_rounds=bar - 1, seeds=seed)
+        suggest.drift_rounds(m, built, every=exp.run.eval_every, max_rounds=bar - 1, seeds=seed)
         for seed in range(suggest.DRIFT_DRAWS)
     ]
     medians = [

@@ -389,7 +389,7 @@ def test_the_clients_model_with_control_variates_from_a_rounds_first_steps() -> 
         assert _rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100) != rounds
 
 
-def _scripted(script: dict[int, list[int | None]], every: int = 1):
+def _scripted(script: dict[int, list[int | None]]):
     """A ``run`` for :func:`fewest_median_rounds` that reads each (candidate, seed)'s rounds from ``script[seed]``
     (None: never) and, like :func:`drift_rounds`, goes round by round and ends where ``stop`` holds; its calls, with
     the round each ended at, are kept."""
@@ -400,8 +400,6 @@ def _scripted(script: dict[int, list[int | None]], every: int = 1):
         r = 0
         while r < cap and any(v is None for v in reached):
             r += 1
-            if r % every:
-                continue
             reached = [script[s][j] if script[s][j] is not None and script[s][j] <= r else None for j, s in pairs]
             if stop(r, reached):
                 break

@@ -710,16 +710,24 @@ def propose(
     }
 
 
+def candidate_plans(
+    e: Estimates, m: ClientsAtOptimum, batch: int, max_iterations: int | None
+) -> tuple[list[dict[str, Any]], list[Plan], list[PlanRounds]]:
+    """:func:`drift_candidates`, their plans, and the plans' rounds in the clients' models ``m`` within the budget
+    (:func:`plan_rounds`): what :func:`drift_pick` chooses from."""
+    candidates = drift_candidates(e)
+    context = PlanContext(num_samples=e.n, num_clients=e.num_clients, lam=e.mu, iid=False)
+    plans = [method_config(STLSCConfig(auto=True, batch=batch), c).plan(context) for c in candidates]
+    return candidates, plans, plan_rounds(m, plans, [c.get("drift_window") for c in candidates], batch, max_iterations)
+
+
 def drift_pick(
     e: Estimates, m: ClientsAtOptimum, bar: int, batch: int, max_iterations: int | None, eval_every: int
 ) -> dict[str, Any] | None:
     """The plan of :func:`drift_candidates` that reaches the target in the fewest rounds of :func:`drift_rounds`,
     the median of DRIFT_DRAWS draws of the window's noise (:func:`fewest_median_rounds`; then the fewest steps), if
     fewer than ``bar`` (STATIONARY_SLACK x the stationary stages' count, :func:`stl_rounds`); else None."""
-    candidates = drift_candidates(e)
-    context = PlanContext(num_samples=e.n, num_clients=e.num_clients, lam=e.mu, iid=False)
-    plans = [method_config(STLSCConfig(auto=True, batch=batch), c).plan(context) for c in candidates]
-    built = plan_rounds(m, plans, [c.get("drift_window") for c in candidates], batch, max_iterations)
+    candidates, plans, built = candidate_plans(e, m, batch, max_iterations)
     best = fewest_median_rounds(
         lambda pairs, cap, stop: drift_rounds(
             m,
@@ -976,6 +984,7 @@ __all__ = [
     "PlanRounds",
     "RoundSums",
     "asdict",
+    "candidate_plans",
     "clients_at_optimum",
     "drift_candidates",
     "drift_pick",
