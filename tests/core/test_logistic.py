@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from stlsgd.data import load_dataset
+from stlsgd.data import load_dataset, make_partition
 from stlsgd.problems import logistic
 from stlsgd.problems.logistic import LogisticRegression
 
@@ -160,6 +160,33 @@ def test_evaluate_reports_objective_and_accuracy():
     expected = np.mean(np.log1p(np.exp(-Y * (X @ [1.0, -1.0])))) + 0.05 * 2
     assert ev.objective == pytest.approx(expected, rel=1e-14)
     assert ev.accuracy == 0.5  # margins y * x^T w = [-1, +1]: one of two rows right
+
+
+def test_row_weights_weigh_the_objective_its_gradient_hessian_and_optimum(shared_data):
+    # Two rows weighing 1.5 and 0.5: f(w) = (1.5 l_0 + 0.5 l_1) / 2 + lam |w|^2 / 2, by hand at w = [1, -1]
+    # (margins y x^T w = -1 and +1); the gradient and Hessian are f's (central differences).
+    problem = LogisticRegression(X, Y, lam=0.1, weights=np.array([1.5, 0.5]))
+    w = np.array([1.0, -1.0])
+    assert problem.loss(w) == pytest.approx((1.5 * np.log1p(np.e) + 0.5 * np.log1p(np.exp(-1))) / 2 + 0.1, rel=1e-14)
+    assert problem.evaluate({"w": w[None]}).objective == problem.loss(w)
+    eye = np.eye(2) * 1e-6
+    fd = [(problem.loss(w + e) - problem.loss(w - e)) / 2e-6 for e in eye]
+    np.testing.assert_allclose(problem.gradient(w), fd, rtol=1e-8)
+    fd2 = np.array([(problem.gradient(w + e) - problem.gradient(w - e)) / 2e-6 for e in eye])
+    np.testing.assert_allclose(problem.hessian(w), fd2, rtol=1e-7)
+    assert problem.fingerprint() != LogisticRegression(X, Y, lam=0.1).fingerprint()  # another optimum's cache
+    # a9a dealt to 8 clients in Dirichlet(0.5) shares: the weighted x* is where the mean of the clients' own
+    # gradients vanishes (each client's objective its rows' mean), not where the samples' mean does.
+    ds = load_dataset("a9a", shared_data)
+    part = make_partition(ds.y, 8, "dirichlet", seed=0, alpha=0.5)
+    weighted = LogisticRegression(ds.X, ds.y, weights=part.row_weights(ds.n))
+    x_star = weighted.minimizer()
+    clients = [
+        LogisticRegression(ds.X[part.client_rows(c)], ds.y[part.client_rows(c)], lam=weighted.lam) for c in range(8)
+    ]
+    assert np.linalg.norm(np.mean([c.gradient(x_star) for c in clients], axis=0)) < 1e-9  # rounding of 8 sums
+    plain = LogisticRegression(ds.X, ds.y)
+    assert np.linalg.norm(plain.gradient(x_star)) > 1e-3  # the samples' mean is not stationary there
 
 
 def test_results_do_not_depend_on_the_thread_count():

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stlsgd.data import PARTITION_MODES, load_dataset, make_partition
+from stlsgd.data import PARTITION_MODES, Partition, load_dataset, make_partition
 from stlsgd.errors import ConfigError
 
 
@@ -75,6 +75,26 @@ def test_dirichlet(a9a_y: np.ndarray) -> None:
     iid_like = make_partition(a9a_y, 8, "dirichlet", seed=0, alpha=1e4)
     fr = np.array([(a9a_y[iid_like.client_rows(c)] > 0).mean() for c in range(8)])
     assert fr.max() - fr.min() < 0.05
+
+
+def test_row_weights_make_the_objective_the_clients_mean() -> None:
+    # Three clients of 1, 2 and 3 of six rows: f = 1/3 (f_0 + f_1 + f_2), f_c its rows' mean, so row i weighs
+    # n / (N n_c) = 6 / (3 n_c): 2, 1, 2/3; a sum over the rows, weighted, over n is then the clients' mean.
+    unequal = Partition(
+        mode="dirichlet", rows=np.array([4, 0, 5, 1, 2, 3]), starts=np.array([0, 1, 3]), sizes=np.array([1, 2, 3])
+    )
+    weights = unequal.row_weights(6)
+    assert weights is not None
+    np.testing.assert_allclose(weights, [1, 2 / 3, 2 / 3, 2 / 3, 2, 1], rtol=1e-15)
+    values = np.arange(6.0) ** 2
+    clients = [values[unequal.client_rows(c)].mean() for c in range(3)]
+    assert values @ weights / 6 == pytest.approx(np.mean(clients), rel=1e-15)
+    # Clients of n / N rows (floor or ceiling), or all of them: the sample mean stands (no weights).
+    y = np.array([1, -1] * 4)
+    for mode in ("shared", "split", "noniid"):
+        assert make_partition(y[:7], 3, mode, seed=0).row_weights(7) is None
+    skewed = make_partition(np.repeat([1, -1], [90, 10]), 4, "dirichlet", seed=0, alpha=0.5)
+    assert skewed.row_weights(100) is not None and skewed.sizes.max() - skewed.sizes.min() > 1
 
 
 @pytest.mark.parametrize("mode", PARTITION_MODES)

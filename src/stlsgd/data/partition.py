@@ -31,6 +31,21 @@ class Partition:
     def num_clients(self) -> int:
         return int(self.sizes.shape[0])
 
+    def row_weights(self, n: int) -> np.ndarray | None:
+        """Each of the ``n`` rows' weight in the clients' mean objective, f = 1/N sum_c f_c with f_c client c's mean
+        loss (the paper's f, Sec. 3): row i weighs n / N sum_{c holds i} 1 / n_c. The executors average the clients'
+        models with equal weights, so that mean, not the sample mean, is what their runs converge to.
+
+        None where the two agree to within a row: every client holds all rows (``shared``) or n / N of them, floor
+        or ceiling (``split``, ``noniid``). Only ``dirichlet`` deals unequal shares; on blobs' 5,000 rows over 16
+        clients (26 to 1,105 rows) the clients' mean's optimum lies 6.6e-4 above the sample mean's, so a target
+        gap of 1e-4 on the sample mean is out of every run's reach."""
+        if int(self.sizes.max()) - int(self.sizes.min()) <= 1:
+            return None
+        counts = np.zeros(n)
+        np.add.at(counts, self.rows, np.repeat(n / (self.num_clients * self.sizes.astype(np.float64)), self.sizes))
+        return counts
+
 
 def _from_chunks(mode: str, chunks: list[np.ndarray]) -> Partition:
     sizes = np.array([c.size for c in chunks], dtype=np.int64)

@@ -112,8 +112,9 @@ def net_problem(exp: Experiment, dataset: Dataset) -> NeuralNetProblem:
         raise ConfigError(f"problem: {exc}") from None
 
 
-def logistic_problem(exp: Experiment, dataset: Dataset) -> LogisticRegression:
-    """Eq. 8 on a binary svmlight dataset, after checking that its model and f* fit this machine."""
+def logistic_problem(exp: Experiment, dataset: Dataset, partition: Partition) -> LogisticRegression:
+    """Eq. 8 on a binary svmlight dataset, after checking that its model and f* fit this machine; its objective the
+    clients' mean (:meth:`~stlsgd.data.Partition.row_weights`)."""
     if not sp.issparse(dataset.X) or dataset.num_classes != 2:
         raise ConfigError(
             f"problem.kind: logistic regression needs a two-class svmlight dataset; {dataset.name} "
@@ -136,7 +137,8 @@ def logistic_problem(exp: Experiment, dataset: Dataset) -> LogisticRegression:
             f"data.dataset: {dataset.name} has d = {d} features: {clients} client models need "
             f"{need / 2**30:.1f} GiB, more than this machine's {available / 2**30:.1f} GiB"
         )
-    return LogisticRegression(dataset.X, dataset.y, lam=exp.problem.lam, name=dataset.name)
+    weights = partition.row_weights(dataset.n)
+    return LogisticRegression(dataset.X, dataset.y, lam=exp.problem.lam, name=dataset.name, weights=weights)
 
 
 def _memory_bytes() -> int | None:
@@ -188,7 +190,7 @@ def build(exp: Experiment, data_dir: str | None = None) -> Built:
     except ConfigError as err:  # make_partition names its own arguments; the user wrote them under [data]
         raise ConfigError(f"data.{err}") from None
     problem: LogisticRegression | NeuralNetProblem
-    problem = net_problem(exp, dataset) if exp.problem.kind == "net" else logistic_problem(exp, dataset)
+    problem = net_problem(exp, dataset) if exp.problem.kind == "net" else logistic_problem(exp, dataset, partition)
     unplanned = Built(dataset, partition, problem, None, directory, fingerprint(dataset, partition))  # type: ignore[arg-type]
     return with_plan(exp, unplanned)  # the plan needs the built data (its size sets T_1 in epochs)
 

@@ -518,8 +518,8 @@ def estimate(
     X, lam, n, d = problem.X, problem.lam, problem.num_samples, problem.X.shape[1]
     v = np.random.default_rng(0).standard_normal(d)
     L = 0.0
-    for _ in range(iterations):  # power iteration on H(0) = X^T X / (4n) + lam I
-        v = X.T @ (X @ v) / (4 * n) + lam * v
+    for _ in range(iterations):  # power iteration on H(0) = X^T X / (4n) + lam I (X^T diag(weights) X: row weights)
+        v = X.T @ (X @ v if problem.weights is None else problem.weights * (X @ v)) / (4 * n) + lam * v
         L = float(np.linalg.norm(v))
         if not (L > 0 and math.isfinite(L)):
             raise StlsgdError("suggest: the Hessian at x_0 is zero or not finite (no features?); cannot estimate L")
@@ -529,7 +529,9 @@ def estimate(
     clients = np.array(
         [np.asarray(G[partition.client_rows(c)].mean(axis=0)).ravel() for c in range(partition.num_clients)]
     )
-    zeta2 = max(float(np.mean(np.sum((clients - g) ** 2, axis=1))), 0.0)
+    # around grad f(x_0): the samples' mean, or where rows carry weights the clients' mean (what those weights make f)
+    centre = g if problem.weights is None else clients.mean(axis=0)
+    zeta2 = max(float(np.mean(np.sum((clients - centre) ** 2, axis=1))), 0.0)
     differ = target_gap is not None and _share(sigma2, zeta2) > IID_SHARE
     size = d * (d + int(np.minimum(partition.sizes, d).sum()))
     skipped = (

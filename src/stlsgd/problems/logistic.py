@@ -267,13 +267,24 @@ DENSE_HESSIAN_NNZ = 1 << 24
 class LogisticRegression:
     """The problem of Eq. 8 on a CSR design matrix with labels in {-1, +1}."""
 
-    def __init__(self, X: sp.csr_matrix, y: np.ndarray, lam: float | None = None, name: str = "") -> None:
+    def __init__(
+        self,
+        X: sp.csr_matrix,
+        y: np.ndarray,
+        lam: float | None = None,
+        name: str = "",
+        weights: np.ndarray | None = None,
+    ) -> None:
         self.X = sp.csr_matrix(X, dtype=np.float64)
         self.X.sort_indices()
         self.y = np.ascontiguousarray(y, dtype=np.float64)
         self.num_samples, self.dim = self.X.shape
         self.lam = 1.0 / self.num_samples if lam is None else float(lam)
         self.name = name
+        # The objective's weight of each row (None: all 1, the sample mean): the clients' mean objective where they
+        # hold unequal shares (:meth:`~stlsgd.data.Partition.row_weights`). Each client's own objective, which its
+        # steps follow, stays the mean loss over its rows.
+        self.weights = None if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
         self.param_names = ["w"]
         # Where a score x^T w is exactly 0 (an all-zero row, or x_0 = 0) the prediction is the majority class of
         # the training labels (+1 when the classes are even), so ties count as right for the majority's rows.
@@ -327,14 +338,18 @@ class LogisticRegression:
             np.ascontiguousarray(anchor, dtype=np.float64).reshape(-1),
         )
 
+    def _mean(self, values: np.ndarray) -> float:
+        """The objective's mean of per-row ``values``: weighted by :attr:`weights` where the rows have them."""
+        return float(np.mean(values) if self.weights is None else values @ self.weights / self.num_samples)
+
     def loss(self, w: np.ndarray) -> float:
         margins = self.y * (self.X @ w)
-        return float(np.mean(np.logaddexp(0.0, -margins)) + 0.5 * self.lam * float(w @ w))
+        return self._mean(np.logaddexp(0.0, -margins)) + 0.5 * self.lam * float(w @ w)
 
     def evaluate(self, state: State) -> Evaluation:
         w = state["w"][0]
         margins = self.y * (self.X @ w)
-        objective = float(np.mean(np.logaddexp(0.0, -margins)) + 0.5 * self.lam * float(w @ w))
+        objective = self._mean(np.logaddexp(0.0, -margins)) + 0.5 * self.lam * float(w @ w)
         # sign(x^T w) with ties to the majority class: right where the margin is > 0, or 0 on a majority row.
         right = (margins > 0) | ((margins == 0) & (self.y == self.majority))
         return Evaluation(objective=objective, accuracy=float(np.mean(right)))
@@ -342,6 +357,8 @@ class LogisticRegression:
     def gradient(self, w: np.ndarray) -> np.ndarray:
         margins = self.y * (self.X @ w)
         coef = -self.y * _expit(-margins)
+        if self.weights is not None:
+            coef *= self.weights
         return self.X.T @ coef / self.num_samples + self.lam * w
 
     def newton(self, tol: float = 1e-13, max_iter: int = 100) -> tuple[np.ndarray, float]:
@@ -382,15 +399,19 @@ class LogisticRegression:
         return sp.csr_matrix(X.multiply(np.sqrt(curvature)[:, None]))
 
     def _curvature(self, w: np.ndarray, rows: np.ndarray | None) -> tuple[sp.csr_matrix, np.ndarray]:
-        """The rows (all, or ``rows``) and each one's loss curvature at ``w`` over their count, p (1 - p) / n."""
+        """The rows (all, or ``rows``) and each one's loss curvature at ``w`` over their count, p (1 - p) / n (all
+        rows: times their :attr:`weights`; ``rows``: a client's objective, unweighted)."""
         X, y = (self.X, self.y) if rows is None else (self.X[rows], self.y[rows])
         p = _expit(y * (X @ w))
-        return X, p * (1.0 - p) / X.shape[0]
+        curvature = p * (1.0 - p) / X.shape[0]
+        return X, curvature * self.weights if rows is None and self.weights is not None else curvature
 
     def fingerprint(self) -> str:
         h = hashlib.sha256()
         for a in (self.X.indptr, self.X.indices, self.X.data, self.y, np.array([self.lam])):
             h.update(np.ascontiguousarray(a).tobytes())
+        if self.weights is not None:  # another objective, another optimum (unweighted: the hash as before)
+            h.update(self.weights.tobytes())
         return h.hexdigest()[:24]
 
     def optimum(self, cache_dir: Path | None = None) -> float:
