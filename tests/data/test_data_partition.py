@@ -89,10 +89,17 @@ def test_row_weights_make_the_objective_the_clients_mean() -> None:
     values = np.arange(6.0) ** 2
     clients = [values[unequal.client_rows(c)].mean() for c in range(3)]
     assert values @ weights / 6 == pytest.approx(np.mean(clients), rel=1e-15)
-    # Clients of n / N rows (floor or ceiling), or all of them: the sample mean stands (no weights).
-    y = np.array([1, -1] * 4)
+    # All rows on every client, or n / N of them (floor or ceiling) out of many: every weight within 1% of 1, and
+    # the samples' mean stands (3,203 rows on 32 clients: 100 or 101, weights 1.0009 and 0.991); out of few, weights
+    # (7 rows on 3 clients: 3, 2, 2, weights 7/9 and 7/6).
+    y = np.array([1, -1] * 1602)[:3203]
     for mode in ("shared", "split", "noniid"):
-        assert make_partition(y[:7], 3, mode, seed=0).row_weights(7) is None
+        assert make_partition(y, 32, mode, seed=0).row_weights(3203) is None
+        few = make_partition(y[:7], 3, mode, seed=0)
+        assert (few.row_weights(7) is None) == (mode == "shared")
+    split = make_partition(y[:7], 3, "split", seed=0)
+    np.testing.assert_allclose(split.row_weights(7)[split.client_rows(0)], 7 / 9, rtol=1e-15)
+    np.testing.assert_allclose(split.row_weights(7)[split.client_rows(1)], 7 / 6, rtol=1e-15)
     skewed = make_partition(np.repeat([1, -1], [90, 10]), 4, "dirichlet", seed=0, alpha=0.5)
     assert skewed.row_weights(100) is not None and skewed.sizes.max() - skewed.sizes.min() > 1
 
