@@ -524,6 +524,27 @@ def test_the_models_choice_stands_up_to_twice_the_stationary_stages_count(monkey
             )
 
 
+def test_a_plan_some_draw_of_which_misses_within_the_budget_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Scripted: candidate 0 reaches in 5 rounds at seeds 0-2 and not at all at seeds 3-4 (median 5), candidate 1 in
+    # 10 at every seed, the rest never. A run that misses by its budget's end never reaches, so candidate 0 is passed
+    # over for candidate 1; where candidate 0's last two draws reach too (in 15, under the bar: twice the stationary
+    # stages' count of 10), it stands, median 5.
+    e = dataclasses.replace(_estimates(num_clients=2, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3]))
+    for late, chosen, rounds in ((None, 1, 10), (15, 0, 5)):
+        script = {0: [5, 5, 5, late, late], 1: [10] * 5}
+        rank: dict[int, int] = {}  # the first call has every candidate, in their order: a PlanRounds' rank is its index
+
+        def run(m, plans, *, every, max_rounds, seeds=0, stop=None, script=script, rank=rank):
+            ranks = [rank.setdefault(id(p), len(rank)) for p in plans]
+            got = [script.get(j, [None] * 5)[s] for j, s in zip(ranks, seeds, strict=True)]
+            return [g if g is not None and g <= max_rounds else None for g in got]
+
+        monkeypatch.setattr(suggest, "drift_rounds", run)
+        p = propose(e, eval_every=1, max_iterations=10**9)
+        candidate = suggest.drift_candidates(e)[chosen]
+        assert {k: p[k] for k in candidate} == candidate and p["model_rounds"] == rounds
+
+
 def test_auto_on_clients_that_differ_runs_the_models_choice(tmp_path: Path) -> None:
     exp = Experiment.model_validate(
         {
