@@ -35,8 +35,9 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   it) on the clients' quadratics (:func:`drift_rounds`) for candidate plans at one client's step 1/(2L) -- Local SGD +
   drift with periods up to 2^20, and STL-SGD^sc + drift with Algorithm 2's stages (:func:`drift_candidates`) -- and
   ``auto`` runs the one with the fewest rounds (then steps) if that is fewer than STATIONARY_SLACK times the rounds
-  the stationary stages below need at least to halve eta down to the clients' averaged noise (:func:`stl_rounds`):
-  long periods where the model has the control variates carry them, short ones elsewhere;
+  the stationary stages below need at least to halve eta down to the clients' averaged noise (:func:`stl_rounds`)
+  and every draw of it reaches within the budget (else the next: a run that misses by its budget's end never
+  reaches): long periods where the model has the control variates carry them, short ones elsewhere;
 - otherwise drift correction on, and stages that end when the run is stationary (``stage_end = "stationary"``,
   :class:`~stlsgd.algorithms.stl_sgd.STLSGDStationary`: the objective is higher than five or more rounds before,
   at most T_s), and k_1 = T_1 / R, R = R_NONIID sqrt(1 + 4 zeta^2 / sigma^2) (Theorem 2's Non-IID factor), but at
