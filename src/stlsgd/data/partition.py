@@ -12,9 +12,9 @@ PARTITION_MODES: tuple[str, ...] = ("shared", "split", "noniid", "dirichlet")
 #: Modes whose clients draw from one distribution: STL-SGD then doubles k a stage (Non-IID: x sqrt 2).
 IID_MODES: tuple[str, ...] = ("shared", "split")
 # The samples' mean stands for the clients' mean objective (Partition.row_weights) while every row's weight is within
-# this of 1. The gap between their optima grows about as the weights' spread squared; measured (f of the clients'
+# this of 1. The gap between their optima grows fast with the weights' spread; measured (f of the clients'
 # mean's x*, less f*): a9a and MNIST 4/9 on 32 Non-IID clients (1,017-1,018 and 368-369 rows: 0.05% and 0.14%)
-# 6.5e-9 and 3.2e-8, which keeps the stored sweeps' records; wine on 8 clients of 22-23 rows (2.3%) 2.8e-6, on 32 of
+# 6.5e-9 and 3.2e-8, which keeps the stored sweeps' records; wine on 8 clients of 22-23 rows (3.3%) 2.8e-6, on 32 of
 # 5-6 (11%) 2.4e-4, more than the 1e-4 target its runs were set; 16 make_blobs clients of Dirichlet(0.5) shares (26
 # to 1,105 rows) 6.6e-4.
 ROW_WEIGHT_TOLERANCE = 0.01
