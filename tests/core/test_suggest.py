@@ -187,6 +187,12 @@ def test_auto_on_clients_of_unequal_shares_reaches_the_clients_mean_optimum(tmp_
     assert summary["fstar"] == pytest.approx(weighted.optimum(), rel=1e-14)
     plain = LogisticRegression(ds.X, ds.y)
     assert plain.loss(weighted.minimizer()) - plain.optimum() > 1e-3
+    # stlsgd suggest says which objective it is (weights 361 / (8 n_c): 0.355 for 127 rows, 9.03 for 5)
+    e = estimate(weighted, partition)
+    assert e.row_weights == pytest.approx((361 / (8 * 127), 361 / (8 * 5)), rel=1e-12)
+    assert "objective: the clients' mean, 1/N sum_c f_c (their shares differ: row weights 0.355 to 9.03)" in (
+        suggest.report(e, propose(e))
+    )
 
 
 def test_the_models_at_the_optimum_are_built_only_with_a_target(tmp_path: Path) -> None:

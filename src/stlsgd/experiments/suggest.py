@@ -235,6 +235,8 @@ class Estimates:
     clients: ClientsAtOptimum | None = None
     #: Why the clients' models were not built where they would have been (their size), for suggest to say.
     clients_skipped: str | None = None
+    #: The least and largest row weight where the objective is the clients' mean of unequal shares (else None).
+    row_weights: tuple[float, float] | None = None
 
 
 def _sample_gradients(problem: LogisticRegression, w: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray, float]:
@@ -559,6 +561,7 @@ def estimate(
         if target_gap is not None and client_models and differ and skipped is None
         else None,
         clients_skipped=skipped,
+        row_weights=None if problem.weights is None else (float(problem.weights.min()), float(problem.weights.max())),
     )
 
 
@@ -950,6 +953,14 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
         f"mu = lambda = {e.mu:.6g}",
         f"sigma^2 = {e.sigma2:.6g} (single-sample gradients at x_0), zeta^2 = {e.zeta2:.6g} (clients' gradients "
         f"at x_0; zeta^2 / sigma^2 = {e.zeta2 / e.sigma2 if e.sigma2 else 0:.3g})",
+        *(
+            [
+                f"objective: the clients' mean, 1/N sum_c f_c (their shares differ: row weights {e.row_weights[0]:.3g} "
+                f"to {e.row_weights[1]:.3g}), which equal averages converge to; f* and the gap are its"
+            ]
+            if e.row_weights is not None
+            else []
+        ),
         *(
             [
                 f"at x*: sigma*^2 = {e.optimum.sigma2:.6g}, Hessian eigenvalues {min(e.optimum.curvatures):.3g} to "
