@@ -447,8 +447,9 @@ def drift_rounds(
     reached: list[int | None] = [None] * count
     # A plan whose averaged noise alone is over the target at every evaluation it has never reaches (the bias is >= 0):
     # not run. Where no candidate reaches, half of them are such (MNIST 4/9: 114 of 234).
-    lowest = {id(p): p.lowest_last(max_rounds, every) for p in plans}
-    live = np.flatnonzero([lowest[id(p)] * m.noise / (4 * n * p.batch) <= m.target_gap for p in plans])
+    live = np.flatnonzero(
+        [p.lowest_last(max_rounds, every) * m.noise / (4 * n * p.batch) <= m.target_gap for p in plans]
+    )
     # the plans still run, in the order of e's rows and control's columns
     e = np.tile(-m.x, (len(live), 1))  # x - x*, from x_0 = 0
     control = np.zeros((n, len(live), d))
