@@ -12,10 +12,10 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
 
     .venv/bin/stlsgd sweep OUT/parity.sweep.yaml --data-dir ../shared/data --jobs 2 --out OUT/parity_grid
 
-The features are scikit-learn's, MinMax-scaled (digits: pixels / 16), MNIST's test split (3 against 5 and 2 against
-7, pixels / 255, read from the data directory: $STLSGD_DATA, e.g. ../shared/data), or sparse and text-like
-(sparse17, sparse29, sparse41 and sparse53: 1,500, 1,200, 4,000 and 3,000 features, 2%, 1%, 0.5% and 0.7% of them
-non-zero, rows of unit length); labels +1 / -1.
+The features are scikit-learn's, MinMax-scaled (digits: pixels / 16; moons: two features), MNIST's test split (3
+against 5, 2 against 7 and 0 against 8, pixels / 255, read from the data directory: $STLSGD_DATA, e.g.
+../shared/data), or sparse and text-like (sparse17, sparse29, sparse41 and sparse53: 1,500, 1,200, 4,000 and 3,000
+features, 2%, 1%, 0.5% and 0.7% of them non-zero, rows of unit length); labels +1 / -1.
 The registered sets (digits 4/9, mushrooms, w8a) need no file: their configs name them.
 """
 
@@ -38,6 +38,7 @@ from sklearn.datasets import (
     make_blobs,
     make_classification,
     make_hastie_10_2,
+    make_moons,
 )
 from sklearn.preprocessing import MinMaxScaler, normalize
 
@@ -111,6 +112,11 @@ def _sparse(seed: int, n: int, d: int, density: float, flip: float) -> Callable[
     return make
 
 
+def _moons() -> Data:
+    X, y = make_moons(n_samples=6000, noise=0.3, random_state=7)
+    return _scaled(X, 2 * y - 1)
+
+
 def _blobs() -> Data:
     X, y = make_blobs(n_samples=5000, centers=2, n_features=20, cluster_std=6.0, random_state=3)
     return _scaled(X, 2 * y - 1)
@@ -150,6 +156,9 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "sparse41": (_sparse(41, 8000, 4000, 0.005, 0.03), 16),
     "sparse53": (_sparse(53, 9000, 3000, 0.007, 0.03), 16),
     "mnist27_test": (_mnist_test(2, 7), 8),
+    "moons": (_moons, 16),
+    "mnist08_test": (_mnist_test(0, 8), 8),
+    "classification200": (_classification(200, 10000, 200, 20, 0.03), 32),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16}
