@@ -338,18 +338,20 @@ class LogisticRegression:
             np.ascontiguousarray(anchor, dtype=np.float64).reshape(-1),
         )
 
-    def _mean(self, values: np.ndarray) -> float:
-        """The objective's mean of per-row ``values``: weighted by :attr:`weights` where the rows have them."""
-        return float(np.mean(values) if self.weights is None else values @ self.weights / self.num_samples)
+    def _objective(self, margins: np.ndarray, w: np.ndarray) -> float:
+        """Eq. 8 from the rows' margins y x^T w: their losses' mean (weighted by :attr:`weights` where the rows have
+        them) plus the L2 term."""
+        losses = np.logaddexp(0.0, -margins)
+        mean = np.mean(losses) if self.weights is None else losses @ self.weights / self.num_samples
+        return float(mean) + 0.5 * self.lam * float(w @ w)
 
     def loss(self, w: np.ndarray) -> float:
-        margins = self.y * (self.X @ w)
-        return self._mean(np.logaddexp(0.0, -margins)) + 0.5 * self.lam * float(w @ w)
+        return self._objective(self.y * (self.X @ w), w)
 
     def evaluate(self, state: State) -> Evaluation:
         w = state["w"][0]
         margins = self.y * (self.X @ w)
-        objective = self._mean(np.logaddexp(0.0, -margins)) + 0.5 * self.lam * float(w @ w)
+        objective = self._objective(margins, w)
         # sign(x^T w) with ties to the majority class: right where the margin is > 0, or 0 on a majority row.
         right = (margins > 0) | ((margins == 0) & (self.y == self.majority))
         return Evaluation(objective=objective, accuracy=float(np.mean(right)))
