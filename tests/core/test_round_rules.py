@@ -45,10 +45,18 @@ def test_one_drift_round_by_hand() -> None:
 
 
 def _scaffold_reference(
-    ds, problem, partition, plan, rounds: int, seed: int, outer: OuterNesterov | None, window: int | None = None
+    ds,
+    problem,
+    partition,
+    plan,
+    rounds: int,
+    seed: int,
+    outer: OuterNesterov | None,
+    window: int | dict[int, int] | None = None,
 ):
     """SCAFFOLD option II with full participation (and optionally DiLoCo's outer step), one client at a time;
-    with ``window``, each c_i from the client's model after the round's first ``window`` steps."""
+    with ``window``, each c_i from the client's model after the round's first ``window`` steps (a dict: by the
+    round's length)."""
     X, y, lam = ds.X.toarray(), ds.y, problem.lam
     n_clients, d = partition.num_clients, X.shape[1]
     sampler = Sampler(partition, seed)
@@ -62,7 +70,9 @@ def _scaffold_reference(
         rows = sampler.draw(rnd.steps, rnd.batch)
         lrs = rnd.learning_rates()
         ys = np.tile(x, (n_clients, 1))
-        m_steps = len(lrs) if window is None else min(window, len(lrs))
+        m_steps = (
+            len(lrs) if window is None else window[len(lrs)] if isinstance(window, dict) else min(window, len(lrs))
+        )
         for t, lr in enumerate(lrs):
             for i in range(n_clients):
                 ys[i] -= lr * (_grad(X, y, lam, ys[i], rows[t, i, 0]) - c_i[i] + c)
@@ -201,11 +211,53 @@ def test_a_drift_window_changes_the_control_variates_only() -> None:
     assert RoundRule(drift=True, drift_window=2).control_steps(6) == 2 and RoundRule(drift=True).control_steps(6) == 6
 
 
+def test_a_drift_share_takes_the_control_variates_from_that_share_of_each_round(digits) -> None:
+    """Rounds of 2, 4 and 8 steps (Algorithm 2's stages): with a share of a half, c_i from their first 1, 2 and 4
+    steps, as the one-client-at-a-time reference computes it."""
+    from stlsgd.algorithms import STLSGD
+
+    ds, problem = digits
+    partition = make_partition(ds.y, 4, "noniid", seed=0, s=0)
+    plan = STLSGD(lr=0.5, T1=8, k1=2.0)  # stages of 4 rounds: 2, 4, then 8 steps
+    sampler = Sampler(partition, 7)
+    rule = RoundRule(drift=True, drift_share=0.5)
+    state = run(
+        plan,
+        problem,
+        sampler,
+        StopRule(max_rounds=12),
+        init_run_state(problem, sampler, 4, 7),
+        progress=False,
+        rule=rule,
+    )
+    want = _scaffold_reference(ds, problem, partition, plan, 12, 7, None, {2: 1, 4: 2, 8: 4})
+    np.testing.assert_allclose(state.clients["w"][0], want, rtol=1e-10, atol=1e-13)
+    option_ii = _scaffold_reference(ds, problem, partition, plan, 12, 7, None)
+    assert np.abs(want - option_ii).max() > 1e-3  # the share is not option II
+    # floor(share x steps), at least one step; a window is steps, and the whole round without either
+    assert [rule.control_steps(k) for k in (1, 2, 3, 7, 8)] == [1, 1, 1, 3, 4]
+    assert RoundRule(drift=True, drift_share=0.25).control_steps(23040) == 5760
+    assert RoundRule(drift=True, drift_share=1.0).control_steps(5) == 5
+
+
+def test_a_drift_share_needs_drift_a_share_in_0_1_and_no_window() -> None:
+    from stlsgd.errors import StlsgdError
+
+    for kwargs in ({"drift_share": 0.5}, {"drift": True, "drift_share": 0.0}, {"drift": True, "drift_share": 1.5}):
+        with pytest.raises(StlsgdError, match=r"drift_share: needs drift=True, a share in \(0, 1\]"):
+            RoundRule(**kwargs)
+    with pytest.raises(StlsgdError, match="no drift_window beside it"):
+        RoundRule(drift=True, drift_window=4, drift_share=0.5)
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
         ("drift_window = 4", "algorithm.drift_window: .*set drift = true beside it"),
         ("drift = true\ndrift_window = 0", "algorithm.drift_window: .*greater than or equal to 1"),
+        ("drift_share = 0.25", "algorithm.drift_share: .*set drift = true beside it"),
+        ("drift = true\ndrift_share = 2", "algorithm.drift_share: .*less than or equal to 1"),
+        ("drift = true\ndrift_window = 4\ndrift_share = 0.25", "algorithm.drift_share: give drift_window .* not both"),
     ],
 )
 def test_a_drift_window_without_drift_is_refused_in_one_line(tmp_path: Path, fields: str, message: str) -> None:

@@ -603,6 +603,8 @@ def test_non_iid_proposal_switches_drift_correction_on_and_ends_stages_when_stat
     # ... and not with a network: the rule buys rounds with steps, and the network prices the steps
     net = Network(1e-5, 3.2e6, 1e-6, "custom", "test")
     assert propose(_estimates(zeta2=0.75), net, max_iterations=2_560_000)["diminishing_k"] is None
+    # the control variates from each round's first quarter; option II with a network (its periods stay short)
+    assert p["drift_share"] == 0.25 and propose(_estimates(zeta2=0.75), net)["drift_share"] is None
     # zeta^2/sigma^2 = 0.0025 (just above the threshold): R = ceil(32 sqrt(1.01)) = 33, k_1 = 378
     assert propose(_estimates(zeta2=0.0025))["k"] == 378.0
     # a short first stage: T_1 / R would be a step or two; at least 64 steps (T_1 = 2,000, R = 64: 31 -> 64) ...
@@ -646,6 +648,7 @@ def test_auto_runs_with_the_proposal_and_says_so(tmp_path: Path) -> None:
     p = propose(estimate(LogisticRegression(ds.X, ds.y), make_partition(ds.y, 4, "noniid", seed=0)))
     assert (summary["plan"]["lr"], summary["plan"]["T1"], summary["plan"]["k1"]) == (p["lr"], p["T1"], p["k"])
     assert summary["rule"]["drift"] is True and summary["plan"]["iid"] is True
+    assert summary["rule"]["drift_share"] == p["drift_share"] == 0.25 and summary["rule"]["drift_window"] is None
     # clients that differ: stages end when the objective stops falling
     assert (p["stage_end"], summary["plan"]["name"]) == ("stationary", "stl_sc")
     assert isinstance(build(exp, None).plan, STLSGDStationary)
@@ -715,6 +718,7 @@ def test_suggest_prints_the_estimates_and_the_proposal(tmp_path: Path, capsys: p
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\nstage_end = "length"\n', "algorithm.auto: sets stage_end"),
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\nk_max = 64\n', "algorithm.auto: sets k_max itself"),
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\ndiminishing_k = 64\n', "algorithm.auto: sets diminishing_k"),
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\ndrift_share = 0.5\n', "algorithm.auto: sets drift_share"),
         ('[algorithm]\nmethod = "stl_sc"\nnetwork = "lan,step=1us"\n', "algorithm.network: only with auto = true"),
         (
             '[algorithm]\nmethod = "stl_sc"\nauto = true\nnetwork = "lan"\n',

@@ -2,7 +2,8 @@
 over 2 clients), trained with plain SGD under ``PlanAverager(..., drift=True)``; the mini-batches are the ones
 the simulator's sampler draws. Trains 6 rounds uninterrupted, then again with a per-rank checkpoint in the
 middle of round 3 restored into a fresh model, optimizer and averager, then 6 rounds with the control variates
-from each round's first WINDOW steps; writes OUT/rank<r>.json.
+from each round's first WINDOW steps, and with them from the first SHARE of each round (the same steps here, by
+another path); writes OUT/rank<r>.json.
 
     torchrun --nproc_per_node=2 tests/distributed/dropin_drift_worker.py OUT
 """
@@ -29,6 +30,7 @@ from stlsgd.executors.sampling import Sampler
 PLAN = LocalSGD(lr=0.5, k=5, lr_decay=0.05)  # the lr changes within every round
 ROUNDS, SEED, STOP = 6, 7, 13  # step 13: the middle of round 3
 WINDOW = 3  # of every round's 5 steps
+SHARE = 0.6  # floor(0.6 x 5) = 3 of them
 
 
 def main(out: Path) -> None:
@@ -81,10 +83,17 @@ def main(out: Path) -> None:
     train(model, opt, range(ROUNDS * PLAN.k))
     windowed = model.weight.detach()[0].tolist()
     avg.close()
+
+    model, opt = make()
+    avg = PlanAverager(model, opt, PLAN, plan_lr=True, drift=True, drift_share=SHARE)
+    train(model, opt, range(ROUNDS * PLAN.k))
+    shared = model.weight.detach()[0].tolist()
+    avg.close()
     result = {
         "whole": whole,
         "resumed": resumed,
         "windowed": windowed,
+        "shared": shared,
         "control_max": control,
         "bytes": bytes_sent,
     }

@@ -51,6 +51,7 @@ def test_drop_in_drift_is_the_simulators_and_resumes_exactly(tmp_path: Path) -> 
     for res in ranks:
         np.testing.assert_allclose(res["whole"], drifted, rtol=1e-10, atol=1e-13)
         np.testing.assert_allclose(res["windowed"], windowed, rtol=1e-10, atol=1e-13)
+        assert res["shared"] == res["windowed"]  # the same steps' control variates, bit for bit
         assert res["resumed"] == res["whole"]  # bit for bit
         assert max(res["control_max"]) > 1e-3  # the control variates are doing something
     assert np.abs(drifted - plain).max() > 1e-3  # and drift changes the result beyond the tolerance

@@ -464,15 +464,16 @@ def test_one_poisoning_client_of_four_does_not_stop_the_three_honest_ones(digits
 
 
 @pytest.mark.parametrize(
-    ("plan", "window"),
+    ("plan", "window", "share"),
     [
-        (STLSGD(lr=0.5, T1=8, k1=2.0), None),
-        (LocalSGD(lr=0.5, k=5, lr_decay=0.05), None),
-        (STLSGD(lr=0.5, T1=8, k1=2.0), 3),  # rounds of 2 (whole), then 4 and 8 steps (their first 3)
+        (STLSGD(lr=0.5, T1=8, k1=2.0), None, None),
+        (LocalSGD(lr=0.5, k=5, lr_decay=0.05), None, None),
+        (STLSGD(lr=0.5, T1=8, k1=2.0), 3, None),  # rounds of 2 (whole), then 4 and 8 steps (their first 3)
+        (STLSGD(lr=0.5, T1=8, k1=2.0), None, 0.5),  # their first 1, 2 and 4: the window the server sends grows
     ],
-    ids=["stl_sc", "local_sgd, lr decaying within rounds", "stl_sc, drift window"],
+    ids=["stl_sc", "local_sgd, lr decaying within rounds", "stl_sc, drift window", "stl_sc, drift share"],
 )
-def test_drift_correction_in_flower_is_the_simulators(digits, plan, window) -> None:
+def test_drift_correction_in_flower_is_the_simulators(digits, plan, window, share) -> None:
     # Four clients, each with one class only (s = 0): the drift the control variates exist for. The same plan,
     # the same samples (the simulator's sampler, drawn round by round as it draws them), the same x_0 = 0.
     ds, problem = digits
@@ -485,7 +486,7 @@ def test_drift_correction_in_flower_is_the_simulators(digits, plan, window) -> N
         StopRule(max_iterations=budget),
         init_run_state(problem, Sampler(partition, 7), 4, 7),
         progress=False,
-        rule=RoundRule(drift=True, drift_window=window),
+        rule=RoundRule(drift=True, drift_window=window, drift_share=share),
     )
     sampler = Sampler(partition, 7)
     draws = []
@@ -495,7 +496,7 @@ def test_drift_correction_in_flower_is_the_simulators(digits, plan, window) -> N
         draws.append(sampler.draw(within_budget(rnd, budget).steps, rnd.batch))  # both cut the last round
     rows = np.concatenate(draws)
     clients = [LogisticClient(problem, lambda t, c=c: rows[t, c]) for c in range(4)]
-    strategy = _strategy_for(plan, 4, budget, drift=True, drift_window=window)
+    strategy = _strategy_for(plan, 4, budget, drift=True, drift_window=window, drift_share=share)
     run_in_process(strategy, clients, num_rounds=strategy.planned_rounds())
     assert strategy.averages == sim.round == 12 and strategy.cursor.iteration == sim.iteration == budget
     assert strategy.rejected == []

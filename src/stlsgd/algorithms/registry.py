@@ -80,6 +80,13 @@ class LocalMethodConfig(MethodConfig):
         description="with drift: each client's control variate from its round's first drift_window local steps "
         "(unset: the whole round, option II)",
     )
+    drift_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="with drift: each client's control variate from the first drift_share of its round's local "
+        "steps, a window that grows with the period (unset: the whole round, or drift_window)",
+    )
     outer_lr: float | None = Field(
         None, gt=0, description="DiLoCo: the average takes an outer Nesterov step of this lr (none: plain averaging)"
     )
@@ -88,8 +95,11 @@ class LocalMethodConfig(MethodConfig):
     @model_validator(mode="after")
     def _window_needs_drift(self) -> LocalMethodConfig:
         # STL-SGD^sc's auto sets drift and the window itself, and refuses them given (STLSCConfig says so)
-        if self.drift_window is not None and self.drift is not True and not getattr(self, "auto", False):
-            raise ValueError("drift_window: applies to drift correction only: set drift = true beside it")
+        for name in ("drift_window", "drift_share"):
+            if getattr(self, name) is not None and self.drift is not True and not getattr(self, "auto", False):
+                raise ValueError(f"{name}: applies to drift correction only: set drift = true beside it")
+        if self.drift_window is not None and self.drift_share is not None:
+            raise ValueError("drift_share: give drift_window (steps) or drift_share (of each round), not both")
         return self
 
 

@@ -278,6 +278,7 @@ class STLSCConfig(_Stagewise):
                 "lr_T1",
                 "drift",
                 "drift_window",
+                "drift_share",
                 "iid",
                 "stage_end",
                 "k_max",

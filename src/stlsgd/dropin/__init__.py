@@ -47,7 +47,8 @@ What it leaves to you, and what it does:
   1/(1 - beta) amplification into the next round's correction and grow it round after round). An optimizer's
   own ``weight_decay`` is not in the gradients and so not in c_i. With ``drift_window=M``, c_i is the mean of
   the round's first M steps' gradients only (``algorithm.drift_window``: over a long round option II's mean
-  follows the client's path away from the averaged model). Each rank's c_i is in its
+  follows the client's path away from the averaged model); with ``drift_share=s``, of the round's first floor(s x
+  steps) (``algorithm.drift_share``: a window that grows with the period). Each rank's c_i is in its
   :meth:`PlanAverager.state_dict` (per-rank checkpoints resume exactly; another rank's state is refused).
 - **STL-SGD^nc's proximal term** 1/(2 gamma) ||x - x_s||^2 (a plan with ``gamma``; x_s the model at the start
   of the stage) is added to the gradients by a pre-step hook.

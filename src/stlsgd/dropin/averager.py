@@ -31,6 +31,7 @@ from stlsgd.executors.rules import (
     check_drift_window,
     check_optimizer_state,
     control_from_gradients,
+    control_steps,
     drift_correction,
     optimizer_moments,
     outer_step,
@@ -44,8 +45,8 @@ class PlanAverager:
     ``group``: the process group to average over (default: the default group, which is initialised from
     torchrun's environment when it does not exist yet; alone without either). ``hook=False`` leaves the counting
     to explicit :meth:`after_step` calls (the adapters use it). ``drift=True``: SCAFFOLD's drift correction
-    (see :mod:`stlsgd.dropin`); ``drift_window``: the control variate from each round's first that many steps
-    (:class:`~stlsgd.executors.rules.RoundRule`).
+    (see :mod:`stlsgd.dropin`); ``drift_window``: the control variate from each round's first that many steps,
+    or ``drift_share``: from that share of each round's steps (:class:`~stlsgd.executors.rules.RoundRule`).
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class PlanAverager:
         outer: OuterNesterov | None = None,
         drift: bool = False,
         drift_window: int | None = None,
+        drift_share: float | None = None,
         on_round: Callable[[RoundStats], None] | None = None,
         log_every: int | None = None,
         csv: str | Path | None = None,
@@ -75,8 +77,8 @@ class PlanAverager:
         if log_every is not None and log_every < 1:
             raise StlsgdError(f"log_every: must be >= 1 round, got {log_every}")
         self.plan_lr, self.optimizer_state, self.lr_group = plan_lr, optimizer_state, lr_group
-        check_drift_window(drift, drift_window)
-        self.outer, self.drift, self.drift_window = outer, bool(drift), drift_window
+        check_drift_window(drift, drift_window, drift_share)
+        self.outer, self.drift, self.drift_window, self.drift_share = outer, bool(drift), drift_window, drift_share
         self.driver = PlanDriver(plan)
         # Only the caller's own group is kept: holding the default group's object past the user's
         # destroy_process_group leaves its destructor to the interpreter's exit (an abort under torchrun);
@@ -396,8 +398,10 @@ class PlanAverager:
                 torch._foreach_add_(grads, correction)  # type: ignore[arg-type]
 
     def _in_window(self) -> bool:
-        """Whether the coming step is one of the round's first ``drift_window`` (its control variate's)."""
-        return self.drift_window is None or self.driver.step < self.drift_window
+        """Whether the coming step is one of those the round's control variate is taken over (:func:`control_steps`)."""
+        rnd = self.driver.round
+        assert rnd is not None  # settled by _before_step, which every call comes from
+        return self.driver.step < control_steps(rnd.steps, self.drift_window, self.drift_share)
 
     def _after_hooked_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._last_ended = self._count()

@@ -65,6 +65,7 @@ def round_rule(alg: MethodConfig) -> RoundRule:
     return RoundRule(
         drift=bool(getattr(alg, "drift", False)),  # stl_sc's unset drift (None) is off
         drift_window=getattr(alg, "drift_window", None),
+        drift_share=getattr(alg, "drift_share", None),
         outer=None if outer_lr is None else OuterNesterov(lr=outer_lr, momentum=outer_momentum),
     )
 

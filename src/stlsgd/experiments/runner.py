@@ -379,6 +379,7 @@ def summarize(
         rule={
             "drift": built.rule.drift,
             "drift_window": built.rule.drift_window,
+            "drift_share": built.rule.drift_share,
             "outer": None if built.rule.outer is None else dataclasses.asdict(built.rule.outer),
         },
         backend=backend,

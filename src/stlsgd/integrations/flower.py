@@ -28,8 +28,8 @@ Each Flower round is one round of the plan: ``configure_fit`` settles it with th
 ``stlsgd_control``   with ``drift=True``: SCAFFOLD's server control variate c (npz bytes, :func:`get_weights` order,
                      zeros for buffers); the client adds c - c_i to every gradient and returns c_i^+ - c_i as the
                      fit metric ``stlsgd_control_delta`` (npz bytes)
-``stlsgd_window``    with ``drift_window``: c_i^+ from the round's first that many steps only (the model after them
-                     and the sum of their learning rates)
+``stlsgd_window``    with ``drift_window`` (or ``drift_share``): c_i^+ from the round's first that many steps only (the
+                     model after them and the sum of their learning rates)
 ``stlsgd_batch``     the plan's per-client mini-batch size (CR-PSGD grows it)
 ``stlsgd_round``,    the round's index (0-based), stage and nominal period, for logs
 ``stlsgd_stage``,
@@ -71,7 +71,7 @@ from torch import nn
 from stlsgd.algorithms.driver import PlanDriver
 from stlsgd.algorithms.plan import Cursor, Feedback, Plan, Round
 from stlsgd.errors import StlsgdError, brief
-from stlsgd.executors.rules import add_proximal, check_drift_window, drift_correction, update_control
+from stlsgd.executors.rules import add_proximal, check_drift_window, control_steps, drift_correction, update_control
 from stlsgd.integrations import missing
 
 try:
@@ -254,12 +254,13 @@ class StlsgdFedAvg(FedAvg):
     would cross it is cut there (the plan driver's rule, ``algorithms.budget``) and no round is configured after
     it; :meth:`planned_rounds` counts the rounds that takes. ``drift``: SCAFFOLD's control variates
     (Karimireddy et al., ICML 2020, option II), as the simulator's ``RoundRule(drift=True)``; ``drift_window``: the
-    clients' control variates from each round's first that many steps (``RoundRule.drift_window``). ``example_cap``: a
-    client's averaging weight is its ``num_examples`` capped at ``example_cap`` times the round's median count
-    (None: FedAvg's raw counts). ``max_update_ratio``: with 3 or more valid updates in a round, one whose
-    distance to the global model (or whose control-variate update) is more than this many times the round's
-    median is rejected (None: no such check). Other keyword arguments are FedAvg's; a user's
-    ``on_fit_config_fn`` config is sent too (the ``stlsgd_`` keys win).
+    clients' control variates from each round's first that many steps (``RoundRule.drift_window``),
+    ``drift_share``: from that share of each round's steps. ``example_cap``: a client's averaging weight is its
+    ``num_examples`` capped at ``example_cap`` times the round's median count (None: FedAvg's raw counts).
+    ``max_update_ratio``: with 3 or more valid updates in a round, one whose distance to the global model (or whose
+    control-variate update) is more than this many times the round's median is rejected (None: no such check).
+    Other keyword arguments are FedAvg's; a user's ``on_fit_config_fn`` config is sent too (the ``stlsgd_`` keys
+    win).
     """
 
     def __init__(
@@ -269,6 +270,7 @@ class StlsgdFedAvg(FedAvg):
         max_iterations: int | None = None,
         drift: bool = False,
         drift_window: int | None = None,
+        drift_share: float | None = None,
         example_cap: float | None = 1.0,
         max_update_ratio: float | None = 10.0,
         **fedavg_options: Any,
@@ -277,7 +279,7 @@ class StlsgdFedAvg(FedAvg):
         super().__init__(**fedavg_options)
         if max_iterations is not None and max_iterations < 1:
             raise StlsgdError(f"max_iterations: must be >= 1 local step, got {max_iterations}")
-        check_drift_window(drift, drift_window)
+        check_drift_window(drift, drift_window, drift_share)
         if example_cap is not None and not (math.isfinite(example_cap) and example_cap >= 1):
             raise StlsgdError(f"example_cap: must be a finite number >= 1 (or None), got {example_cap}")
         if max_update_ratio is not None and not (math.isfinite(max_update_ratio) and max_update_ratio >= 1):
@@ -288,7 +290,7 @@ class StlsgdFedAvg(FedAvg):
         self.driver = PlanDriver(plan, max_iterations=max_iterations)
         self.max_iterations = max_iterations
         self.drift = drift
-        self.drift_window = drift_window
+        self.drift_window, self.drift_share = drift_window, drift_share
         self.example_cap = example_cap
         self.max_update_ratio = max_update_ratio
         self.averages = 0
@@ -352,8 +354,8 @@ class StlsgdFedAvg(FedAvg):
             if self.control is None:
                 self.control = [np.zeros_like(a) for a in sent]
             config[PREFIX + "control"] = pack(self.control)
-            if self.drift_window is not None:
-                config[PREFIX + "window"] = self.drift_window
+            if self.drift_window is not None or self.drift_share is not None:
+                config[PREFIX + "window"] = control_steps(rnd.steps, self.drift_window, self.drift_share)
         return config
 
     def configure_fit(
