@@ -237,6 +237,7 @@ def test_a_drift_share_takes_the_control_variates_from_that_share_of_each_round(
     # floor(share x steps), at least one step; a window is steps, and the whole round without either
     assert [rule.control_steps(k) for k in (1, 2, 3, 7, 8)] == [1, 1, 1, 3, 4]
     assert RoundRule(drift=True, drift_share=0.25).control_steps(23040) == 5760
+    assert RoundRule(drift=True, drift_share=0.29).control_steps(100) == 29  # not floating point's 28.999...
     assert RoundRule(drift=True, drift_share=1.0).control_steps(5) == 5
 
 

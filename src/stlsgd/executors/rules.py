@@ -54,7 +54,7 @@ def control_steps(steps: int, window: int | None, share: float | None = None) ->
     if window is not None:
         return min(steps, window)
     if share is not None:
-        return max(int(share * steps), 1)
+        return max(int(share * steps + 1e-9), 1)  # 0.29 x 100 is 28.999999999999996 in floating point
     return steps
 
 
