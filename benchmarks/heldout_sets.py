@@ -16,7 +16,8 @@ The features are scikit-learn's, MinMax-scaled (digits: pixels / 16; moons: two 
 against 5, 2 against 7 and 0 against 8, pixels / 255, read from the data directory: $STLSGD_DATA, e.g.
 ../shared/data), or sparse and text-like (sparse17, sparse29, sparse41 and sparse53: 1,500, 1,200, 4,000 and 3,000
 features, 2%, 1%, 0.5% and 0.7% of them non-zero, rows of unit length); labels +1 / -1.
-The registered sets (digits 4/9, mushrooms, w8a) need no file: their configs name them.
+The registered sets (digits 4/9, mushrooms, w8a, and the test splits of a9a, w8a and MNIST 4/9) need no file:
+their configs name them.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "classification200": (_classification(200, 10000, 200, 20, 0.03), 32),
 }
 #: registered sets: name -> clients
-REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16}
+REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
 BASE = Path(__file__).resolve().parent.parent / "docs" / "results" / "heldout_data" / "mushrooms_noniid.toml"
 #: The row of windowed Local SGD + drift (control variates from a round's first W steps) the grids add to BASE's.
 WINDOWED = {
