@@ -90,6 +90,20 @@ def _scaffold_reference(
     return x
 
 
+def _simulate(plan, problem, partition, rounds: int, seed: int, rule: RoundRule):
+    """The simulator's run of ``plan`` for ``rounds`` rounds from x_0 = 0 on the partition's 4 clients."""
+    sampler = Sampler(partition, seed)
+    return run(
+        plan,
+        problem,
+        sampler,
+        StopRule(max_rounds=rounds),
+        init_run_state(problem, sampler, 4, seed),
+        progress=False,
+        rule=rule,
+    )
+
+
 @pytest.mark.parametrize(
     ("outer", "window", "chunk_samples"),
     [
@@ -108,16 +122,7 @@ def test_the_round_loop_is_scaffold_and_diloco(
     ds, problem = digits
     partition = make_partition(ds.y, 4, "noniid", seed=0, s=0)
     plan = LocalSGD(lr=0.5, k=5, lr_decay=0.05)  # the lr changes within every round
-    sampler = Sampler(partition, 7)
-    state = run(
-        plan,
-        problem,
-        sampler,
-        StopRule(max_rounds=6),
-        init_run_state(problem, sampler, 4, 7),
-        progress=False,
-        rule=RoundRule(drift=True, drift_window=window, outer=outer),
-    )
+    state = _simulate(plan, problem, partition, 6, 7, RoundRule(drift=True, drift_window=window, outer=outer))
     want = _scaffold_reference(ds, problem, partition, plan, 6, 7, outer, window)
     np.testing.assert_allclose(state.clients["w"][0], want, rtol=1e-10, atol=1e-13)
     assert np.abs(state.control["w"]).max() > 1e-3  # the control variates are doing something
@@ -188,16 +193,7 @@ def test_a_drift_window_changes_the_control_variates_only() -> None:
     plan = LocalSGD(lr=0.5, k=6)
 
     def one(rule: RoundRule, rounds: int):
-        sampler = Sampler(partition, 3)
-        return run(
-            plan,
-            problem,
-            sampler,
-            StopRule(max_rounds=rounds),
-            init_run_state(problem, sampler, 4, 3),
-            progress=False,
-            rule=rule,
-        )
+        return _simulate(plan, problem, partition, rounds, 3, rule)
 
     whole, same = one(RoundRule(drift=True), 3), one(RoundRule(drift=True, drift_window=6), 3)
     assert np.array_equal(whole.clients["w"], same.clients["w"]) and np.array_equal(
@@ -219,17 +215,8 @@ def test_a_drift_share_takes_the_control_variates_from_that_share_of_each_round(
     ds, problem = digits
     partition = make_partition(ds.y, 4, "noniid", seed=0, s=0)
     plan = STLSGD(lr=0.5, T1=8, k1=2.0)  # stages of 4 rounds: 2, 4, then 8 steps
-    sampler = Sampler(partition, 7)
     rule = RoundRule(drift=True, drift_share=0.5)
-    state = run(
-        plan,
-        problem,
-        sampler,
-        StopRule(max_rounds=12),
-        init_run_state(problem, sampler, 4, 7),
-        progress=False,
-        rule=rule,
-    )
+    state = _simulate(plan, problem, partition, 12, 7, rule)
     want = _scaffold_reference(ds, problem, partition, plan, 12, 7, None, {2: 1, 4: 2, 8: 4})
     np.testing.assert_allclose(state.clients["w"][0], want, rtol=1e-10, atol=1e-13)
     option_ii = _scaffold_reference(ds, problem, partition, plan, 12, 7, None)

@@ -175,17 +175,17 @@ DRIFT_DRAWS = 5
 # stationary stages.
 CLIENT_MODEL_SIZE = 2**26
 # The stationary stages (no network) take their control variates from each round's first FALLBACK_SHARE of steps
-# (``drift_share``). Option II's mean along a long round is biased towards each client's own corrected optimum, and
-# a fixed window's noise sets a floor that stays put as eta halves and k doubles (MNIST 4/9, W 1,024: 7.5-9.4e-4
-# through stages 10 and 11, and the budget at every seed, at 2.0-2.8e-4). A share of the round grows with k. Measured against option II,
-# seeds 0-2 (docs/results/schedules.md, *The stationary stages' control variates from a quarter of each round*):
-# MNIST 4/9 (Table 2+'s MNIST Non-IID column) 150, 150, 160 -> 135, 130, 125; classification200 (32 clients of 312
-# rows) the budget x3 -> 160, 165, 165; parity at a 1e-5 target 140, budget, budget -> 145, 160, 135;
+# (``drift_share``). Option II's mean along a long round is biased towards each client's own corrected optimum, and a
+# fixed window's noise sets a floor that stays put as eta halves and k doubles (MNIST 4/9, W 1,024: 7.5-9.4e-4 through
+# stages 10 and 11, and the budget at every seed, at 2.0-2.8e-4). A share of the round grows with k. Measured against
+# option II, seeds 0-2 (docs/results/schedules.md, *The stationary stages' control variates from a quarter of each
+# round*): MNIST 4/9 (Table 2+'s MNIST Non-IID column) 150, 150, 160 -> 135, 130, 125; classification200 (32 clients
+# of 312 rows) the budget x3 -> 160, 165, 165; parity at a 1e-5 target 140, budget, budget -> 145, 160, 135;
 # make_classification 11 with a 0.5 M budget 125, 135, 130 -> 130, 135, 115; but on 4 clients 138, 135, budget ->
 # budget, 95, budget. An eighth, a sixteenth and a 64th tried at seed 0: MNIST 150/175/-, the 32-client set
 # 145/130/160 (a quarter: 135 and 160); a half and an eighth at seeds 0-2 on eight such configs: MNIST 150 and 150,
-# parity at 1e-5 no median for either (the doc's table). With a network the periods are capped at about two rounds' cost in steps, short
-# rounds where the path's bias is small: option II there, as measured.
+# parity at 1e-5 no median for either (the doc's table). With a network the periods are capped at about two rounds'
+# cost in steps, short rounds where the path's bias is small: option II there, as measured.
 FALLBACK_SHARE = 0.25
 # drift_rounds runs its plans in chunks whose (N, plans, d) temporaries hold about this many numbers (32 MB).
 CHUNK_ENTRIES = 2**22
