@@ -26,12 +26,11 @@ from stlsgd.executors import distributed
 from stlsgd.executors.averaging import OuterNesterov
 from stlsgd.executors.rules import (
     OptimizerState,
+    RoundRule,
     accumulate_gradients,
     add_proximal,
-    check_drift_window,
     check_optimizer_state,
     control_from_gradients,
-    control_steps,
     drift_correction,
     optimizer_moments,
     outer_step,
@@ -77,8 +76,8 @@ class PlanAverager:
         if log_every is not None and log_every < 1:
             raise StlsgdError(f"log_every: must be >= 1 round, got {log_every}")
         self.plan_lr, self.optimizer_state, self.lr_group = plan_lr, optimizer_state, lr_group
-        check_drift_window(drift, drift_window, drift_share)
-        self.outer, self.drift, self.drift_window, self.drift_share = outer, bool(drift), drift_window, drift_share
+        #: The round rules every executor shares: drift correction, its control variates' window, the outer step.
+        self.rule = RoundRule(bool(drift), drift_window, drift_share, outer)
         self.driver = PlanDriver(plan)
         # Only the caller's own group is kept: holding the default group's object past the user's
         # destroy_process_group leaves its destructor to the interpreter's exit (an abort under torchrun);
@@ -138,6 +137,16 @@ class PlanAverager:
                 f"{lr_group} takes the plan's lr and every other group keeps its ratio to it; the LR scheduler's "
                 "values are overridden"
             )
+
+    @property
+    def drift(self) -> bool:
+        """Whether the rule corrects drift (SCAFFOLD's control variates)."""
+        return self.rule.drift
+
+    @property
+    def outer(self) -> OuterNesterov | None:
+        """The outer step the average takes, if any."""
+        return self.rule.outer
 
     # ------------------------------------------------------------------ where the loop stands
 
@@ -401,7 +410,7 @@ class PlanAverager:
         """Whether the coming step is one of those the round's control variate is taken over (:func:`control_steps`)."""
         rnd = self.driver.round
         assert rnd is not None  # settled by _before_step, which every call comes from
-        return self.driver.step < control_steps(rnd.steps, self.drift_window, self.drift_share)
+        return self.driver.step < self.rule.control_steps(rnd.steps)
 
     def _after_hooked_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._last_ended = self._count()

@@ -71,7 +71,7 @@ from torch import nn
 from stlsgd.algorithms.driver import PlanDriver
 from stlsgd.algorithms.plan import Cursor, Feedback, Plan, Round
 from stlsgd.errors import StlsgdError, brief
-from stlsgd.executors.rules import add_proximal, check_drift_window, control_steps, drift_correction, update_control
+from stlsgd.executors.rules import RoundRule, add_proximal, drift_correction, update_control
 from stlsgd.integrations import missing
 
 try:
@@ -279,7 +279,8 @@ class StlsgdFedAvg(FedAvg):
         super().__init__(**fedavg_options)
         if max_iterations is not None and max_iterations < 1:
             raise StlsgdError(f"max_iterations: must be >= 1 local step, got {max_iterations}")
-        check_drift_window(drift, drift_window, drift_share)
+        #: The round rules every executor shares (drift correction and its control variates' window).
+        self.rule = RoundRule(drift, drift_window, drift_share)
         if example_cap is not None and not (math.isfinite(example_cap) and example_cap >= 1):
             raise StlsgdError(f"example_cap: must be a finite number >= 1 (or None), got {example_cap}")
         if max_update_ratio is not None and not (math.isfinite(max_update_ratio) and max_update_ratio >= 1):
@@ -289,8 +290,6 @@ class StlsgdFedAvg(FedAvg):
         #: driver every executor uses).
         self.driver = PlanDriver(plan, max_iterations=max_iterations)
         self.max_iterations = max_iterations
-        self.drift = drift
-        self.drift_window, self.drift_share = drift_window, drift_share
         self.example_cap = example_cap
         self.max_update_ratio = max_update_ratio
         self.averages = 0
@@ -304,6 +303,11 @@ class StlsgdFedAvg(FedAvg):
         #: Every update rejected so far.
         self.rejected: list[Rejection] = []
         self._num_clients = 0
+
+    @property
+    def drift(self) -> bool:
+        """Whether the rule corrects drift (SCAFFOLD's control variates)."""
+        return self.rule.drift
 
     def __repr__(self) -> str:
         return (
@@ -354,8 +358,8 @@ class StlsgdFedAvg(FedAvg):
             if self.control is None:
                 self.control = [np.zeros_like(a) for a in sent]
             config[PREFIX + "control"] = pack(self.control)
-            if self.drift_window is not None or self.drift_share is not None:
-                config[PREFIX + "window"] = control_steps(rnd.steps, self.drift_window, self.drift_share)
+            if self.rule.drift_window is not None or self.rule.drift_share is not None:
+                config[PREFIX + "window"] = self.rule.control_steps(rnd.steps)
         return config
 
     def configure_fit(
