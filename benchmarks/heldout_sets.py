@@ -38,6 +38,7 @@ from sklearn.datasets import (
     load_wine,
     make_blobs,
     make_classification,
+    make_gaussian_quantiles,
     make_hastie_10_2,
     make_moons,
 )
@@ -118,6 +119,11 @@ def _moons() -> Data:
     return _scaled(X, 2 * y - 1)
 
 
+def _quantiles() -> Data:
+    X, y = make_gaussian_quantiles(n_samples=5000, n_features=10, n_classes=2, random_state=5)
+    return _scaled(X, 2 * y - 1)
+
+
 def _blobs() -> Data:
     X, y = make_blobs(n_samples=5000, centers=2, n_features=20, cluster_std=6.0, random_state=3)
     return _scaled(X, 2 * y - 1)
@@ -160,6 +166,8 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "moons": (_moons, 16),
     "mnist08_test": (_mnist_test(0, 8), 8),
     "classification200": (_classification(200, 10000, 200, 20, 0.03), 32),
+    "classification307": (_classification(307, 6000, 60, 20, 0.02, n_redundant=10, class_sep=0.8), 16),
+    "quantiles": (_quantiles, 8),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
