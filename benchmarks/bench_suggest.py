@@ -4,7 +4,7 @@
 
 ``auto`` (clients that differ, with a target gap) takes the candidate of :func:`~stlsgd.experiments.suggest.
 drift_candidates` with the fewest median rounds over five draws of the window's noise in the clients' quadratic
-models, then the same among its period's neighbours where it is Local SGD + drift
+models, then the same among the plans beside it (its neighbours) where it is Local SGD + drift
 (:func:`~stlsgd.experiments.suggest.drift_pick`). As shipped, the draws run side by side and stop at the
 first majority (:func:`~stlsgd.experiments.suggest.fewest_median_rounds`). The baseline, measured in the same run
 on the same estimates, runs the five draws one after another with every candidate up to the cap (STATIONARY_SLACK
@@ -38,10 +38,10 @@ def in_turn(
     e: suggest.Estimates, m: suggest.ClientsAtOptimum, bar: int, exp: Experiment
 ) -> tuple[int, dict[str, Any]] | None:
     """The baseline: the fewest median rounds and the candidate, each draw run alone up to ``bar`` - 1; where that
-    is Local SGD + drift, the same among it and its period's neighbours, up to its rounds (as ``drift_pick``)."""
+    is Local SGD + drift, the same among it and its neighbours, up to its rounds (as ``drift_pick``)."""
     got = _fewest_in_turn(e, m, suggest.drift_candidates(e), bar, bar - 1, exp)
     if got is not None and got[1]["method"] == "local_sgd":
-        near = [got[1], *suggest.period_neighbours(e, got[1])]
+        near = [got[1], *suggest.neighbours(e, got[1])]
         got = _fewest_in_turn(e, m, near, bar, got[0], exp) or got
     return got
 

@@ -551,38 +551,44 @@ def test_a_plan_some_draw_of_which_misses_within_the_budget_is_passed_over(monke
         assert {k: p[k] for k in candidate} == candidate and p["model_rounds"] == rounds
 
 
-def test_a_local_sgd_pick_is_chosen_again_among_the_periods_beside_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Scripted by period, option II, no decay: Local SGD + drift reaches in 10 rounds at k 65,536 (a power of four,
-    # among drift_candidates), in 8 at 131,072 and in 9 at 32,768 (between them: only period_neighbours has those),
-    # the rest never. The first pick is 65,536 at 10; among it and its neighbours, 131,072 at 8.
+def test_a_local_sgd_pick_is_chosen_again_among_the_plans_beside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Scripted by (period, lr_decay in mu lr), option II: Local SGD + drift reaches in 10 rounds at k 65,536 and a
+    # decay of mu lr (among drift_candidates), in 8 at 131,072 and in 9 at 32,768 (powers of two between the
+    # candidates' powers of four: only neighbours has those), the rest never. The first pick is 65,536 at 10; among
+    # it and its neighbours, 131,072 at 8; where 65,536 at half the decay (only neighbours has it) reaches in 7,
+    # that one.
     e = dataclasses.replace(_estimates(num_clients=2, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3]))
-    reach = {65_536: 10, 131_072: 8, 32_768: 9}
+    for extra, chosen in (({}, (131_072.0, 1.0, None, 8)), ({(65_536, 0.5): 7}, (65_536.0, 0.5, None, 7))):
+        reach = {(65_536, 1.0): 10, (131_072, 1.0): 8, (32_768, 1.0): 9, **extra}
 
-    def run(m, plans, *, every, max_rounds, seeds=0, stop=None):
-        got = []
-        for p in plans:
-            plan = p._plan
-            plain = plan.name == "local_sgd" and plan.lr_decay == 0 and p.window is None
-            r = reach.get(plan.k) if plain else None
-            got.append(r if r is not None and r <= max_rounds else None)
-        return got
+        def run(m, plans, *, every, max_rounds, seeds=0, stop=None, reach=reach):
+            got = []
+            for p in plans:
+                plan = p._plan
+                local = plan.name == "local_sgd" and p.window is None
+                r = reach.get((plan.k, round(plan.lr_decay / (e.mu * plan.lr), 9))) if local else None
+                got.append(r if r is not None and r <= max_rounds else None)
+            return got
 
-    monkeypatch.setattr(suggest, "drift_rounds", run)
-    assert {c["k"] for c in suggest.drift_candidates(e) if c["method"] == "local_sgd"}.isdisjoint({131_072, 32_768})
-    p = propose(e, eval_every=1, max_iterations=10**9)
-    assert (p["method"], p["k"], p["lr_decay"], p.get("drift_window"), p["model_rounds"]) == (
-        "local_sgd",
-        131_072.0,
-        0.0,
-        None,
-        8,
-    )
-    # the neighbours: half and twice the period, every decay, and each window shorter than the period
-    near = suggest.period_neighbours(e, {"k": 65_536.0})
+        monkeypatch.setattr(suggest, "drift_rounds", run)
+        p = propose(e, eval_every=1, max_iterations=10**9)
+        units = p["lr_decay"] / (e.mu * p["lr"])
+        assert (p["method"], p["k"], pytest.approx(units), p.get("drift_window"), p["model_rounds"]) == (
+            "local_sgd",
+            *chosen,
+        )
+    local = [c for c in suggest.drift_candidates(e) if c["method"] == "local_sgd"]
+    assert {c["k"] for c in local}.isdisjoint({131_072, 32_768})
+    assert all(not math.isclose(c["lr_decay"], 0.5 * e.mu * c["lr"]) for c in local)
+    # the neighbours without a decay: half and twice the period, every decay, each window shorter than the period
+    near = suggest.neighbours(e, {"k": 65_536.0, "lr": 0.5, "lr_decay": 0.0})
     assert {c["k"] for c in near} == {32_768.0, 131_072.0}
     assert len(near) == 2 * len(suggest.DRIFT_DECAYS) * (1 + len(suggest.DRIFT_WINDOWS))
-    # at the plans' cap on a period only the half is tried
-    assert {c["k"] for c in suggest.period_neighbours(e, {"k": float(2**20)})} == {2.0**19}
+    # with a decay of mu lr: half of it (twice, 2 mu lr, is among DRIFT_DECAYS) at all three periods too
+    near = suggest.neighbours(e, {"k": 65_536.0, "lr": 0.5, "lr_decay": e.mu * 0.5})
+    assert len(near) == (2 * (len(suggest.DRIFT_DECAYS) + 1) + 1) * (1 + len(suggest.DRIFT_WINDOWS))
+    # at the plans' cap on a period no longer one is tried
+    assert max(c["k"] for c in suggest.neighbours(e, {"k": float(2**20), "lr": 0.5, "lr_decay": 0.0})) == 2.0**20 / 2
 
 
 def test_auto_on_clients_that_differ_runs_the_models_choice(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   the stationary stages below need at least to halve eta down to the clients' averaged noise (:func:`stl_rounds`)
   and every draw of it reaches within the budget (else the next: a run that misses by its budget's end never
   reaches), and a Local SGD + drift pick once more among it and Local SGD + drift at half and twice its period
-  (:func:`period_neighbours`): long periods where the model has the control variates carry them, short ones
+  and its decay (:func:`neighbours`): long periods where the model has the control variates carry them, short ones
   elsewhere;
 - otherwise drift correction on, its control variates from the first FALLBACK_SHARE of each round's steps
   (``drift_share``; option II with a network), and stages that end when the run is stationary
@@ -132,7 +132,8 @@ DIMINISHING_BUDGET = 256
 # 1/(2L)), where the model's best up to 65,536 was 35; auto's plan there (k 262,144, W 4,096) took 25 rounds at 4 mu
 # lr and 20 at 8 (seeds 0-2). A decay of 2 mu lr since make_classification 11's plan took 55-75 rounds without it and
 # 10-25 with it (its windowed grid's best: 10).
-# Powers of four, and where the pick is Local SGD + drift, the powers of two beside it (:func:`period_neighbours`).
+# Powers of four, and where the pick is Local SGD + drift, the powers of two beside it (:func:`neighbours`, which
+# also tries half and twice the pick's decay).
 DRIFT_PERIODS = (256, 1024, 4096, 16384, 65536, 262144, 1048576)
 DRIFT_DECAYS = (0.0, 0.25, 1.0, 2.0, 4.0, 8.0, 16.0)
 DRIFT_LR_T1 = (0.03, 0.1, 0.3, 1.0)
@@ -758,11 +759,11 @@ def drift_pick(
     the median of DRIFT_DRAWS draws of the window's noise (:func:`fewest_median_rounds`; then the fewest steps), if
     fewer than ``bar`` (STATIONARY_SLACK x the stationary stages' count, :func:`stl_rounds`) and if every one of its
     draws reaches within the budget and under ``bar``; else None (:func:`_fewest_reaching`). Where that is Local
-    SGD + drift, the same choice once more among it and :func:`period_neighbours`, at most its rounds: the periods
-    between DRIFT_PERIODS' beside its own."""
+    SGD + drift, the same choice once more among it and :func:`neighbours`, at most its rounds: the periods and
+    decays between the candidates' beside its own."""
     got = _fewest_reaching(e, m, drift_candidates(e), bar, batch, max_iterations, eval_every)
     if got is not None and got[0]["method"] == "local_sgd":
-        near = [got[0], *period_neighbours(e, got[0])]
+        near = [got[0], *neighbours(e, got[0])]
         got = _fewest_reaching(e, m, near, bar, batch, max_iterations, eval_every, most=got[1]) or got
     return None if got is None else {**got[0], "model_rounds": got[1], "fallback": None}
 
@@ -892,26 +893,33 @@ def drift_candidates(e: Estimates) -> list[dict[str, Any]]:
     return plain + _windowed(plain)
 
 
-def period_neighbours(e: Estimates, pick: dict[str, Any]) -> list[dict[str, Any]]:
-    """Local SGD + drift at half and twice ``pick``'s period (up to the plans' cap), with every lr_decay and window
-    of :func:`drift_candidates`: the periods between DRIFT_PERIODS' (powers of four) beside the pick's.
+def neighbours(e: Estimates, pick: dict[str, Any]) -> list[dict[str, Any]]:
+    """Local SGD + drift beside ``pick`` (one of :func:`drift_candidates`): at half and twice its period (up to the
+    plans' cap) with every lr_decay of DRIFT_DECAYS mu lr and half and twice its own, and at its period with half
+    and twice its lr_decay; each with option II's control variates and each window of DRIFT_WINDOWS shorter than the
+    period. The candidates' periods are powers of four and their decays a few multiples of mu lr: these are the
+    plans between them around the pick.
 
     On w8a-test the model's pick, k 16,384, took 45, 30, 45 rounds (seeds 0-2) and 32,768 at the same decay and
-    window 35, 40, 30; among the 37 Non-IID sets measured it moved ten picks, two misses to 1.4x the grid's best and
-    none worse. DRIFT_PERIODS every power of two made the same ten choices, and doubled the proposal's time where no
-    candidate reaches (MNIST 4/9: 58 -> 115 s); the neighbours cost nothing there (docs/results/schedules.md,
+    window 35, 40, 30; on sparse17 (k 16,384, lr_decay mu lr) 20, 20, 20 and k 32,768 at mu lr / 2 15, 15, 10.
+    Every power of two as a period made the same choices on 37 sets, and doubled the proposal's time where no
+    candidate reaches (MNIST 4/9: 58 -> 115 s), where the neighbours cost nothing (docs/results/schedules.md,
     *Periods between the powers of four*)."""
-    k = int(pick["k"])
-    plain = _local_candidates(e, [p for p in (k // 2, 2 * k) if p <= DEFAULT_K_MAX])
+    k, units = int(pick["k"]), pick["lr_decay"] / (e.mu * pick["lr"])
+    between = [u for u in (units / 2, units * 2) if u > 0 and not any(math.isclose(u, d) for d in DRIFT_DECAYS)]
+    periods = [p for p in (k // 2, 2 * k) if p <= DEFAULT_K_MAX]
+    plain = _local_candidates(e, periods, (*DRIFT_DECAYS, *between)) + _local_candidates(e, [k], between)
     return plain + _windowed(plain)
 
 
-def _local_candidates(e: Estimates, periods: Sequence[int]) -> list[dict[str, Any]]:
-    """Local SGD + drift at one client's step 1/(2L), each of ``periods`` with each lr_decay of DRIFT_DECAYS mu lr."""
+def _local_candidates(
+    e: Estimates, periods: Sequence[int], decays: Sequence[float] = DRIFT_DECAYS
+) -> list[dict[str, Any]]:
+    """Local SGD + drift at one client's step 1/(2L), each of ``periods`` with each lr_decay of ``decays`` mu lr."""
     lr = 1.0 / (2.0 * e.L)
     return [
         {"method": "local_sgd", "lr": lr, "lr_decay": decay * e.mu * lr, "k": float(k), "drift": True}
-        for decay in DRIFT_DECAYS
+        for decay in decays
         for k in periods
     ]
 
@@ -1095,7 +1103,7 @@ __all__ = [
     "fewest_median_rounds",
     "model_gap",
     "one_round",
-    "period_neighbours",
+    "neighbours",
     "plan_rounds",
     "propose",
     "proposal_for",
