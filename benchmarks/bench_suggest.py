@@ -55,7 +55,7 @@ def _fewest_in_turn(
     exp: Experiment,
 ) -> tuple[int, dict[str, Any]] | None:
     """The fewest median rounds (at most ``most``) of ``candidates`` every draw of which reaches under ``bar``."""
-    candidates, plans, built = suggest.candidate_plans(e, m, exp.algorithm.batch, exp.run.max_iterations, candidates)
+    plans, built = suggest.candidate_plans(e, m, candidates, exp.algorithm.batch, exp.run.max_iterations)
     draws = [
         suggest.drift_rounds(m, built, every=exp.run.eval_every, max_rounds=bar - 1, seeds=seed)
         for seed in range(suggest.DRIFT_DRAWS)

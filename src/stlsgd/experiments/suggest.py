@@ -738,18 +738,13 @@ def propose(
 
 
 def candidate_plans(
-    e: Estimates,
-    m: ClientsAtOptimum,
-    batch: int,
-    max_iterations: int | None,
-    candidates: list[dict[str, Any]] | None = None,
-) -> tuple[list[dict[str, Any]], list[Plan], list[PlanRounds]]:
-    """``candidates`` (by default :func:`drift_candidates`), their plans, and the plans' rounds in the clients'
+    e: Estimates, m: ClientsAtOptimum, candidates: list[dict[str, Any]], batch: int, max_iterations: int | None
+) -> tuple[list[Plan], list[PlanRounds]]:
+    """The plans of ``candidates`` (:func:`drift_candidates`, :func:`neighbours`) and their rounds in the clients'
     models ``m`` within the budget (:func:`plan_rounds`): what :func:`drift_pick` chooses from."""
-    candidates = drift_candidates(e) if candidates is None else candidates
     context = PlanContext(num_samples=e.n, num_clients=e.num_clients, lam=e.mu, iid=False)
     plans = [method_config(STLSCConfig(auto=True, batch=batch), c).plan(context) for c in candidates]
-    return candidates, plans, plan_rounds(m, plans, [c.get("drift_window") for c in candidates], batch, max_iterations)
+    return plans, plan_rounds(m, plans, [c.get("drift_window") for c in candidates], batch, max_iterations)
 
 
 def drift_pick(
@@ -787,7 +782,7 @@ def _fewest_reaching(
     draws, `make_classification` 11 with its labels dealt in order (``s`` = 0) stalled at 1.4-2.4e-4 against the
     draws' 0.8-1.5e-4 and ran out its budget, as did make_blobs at a 1e-5 target (docs/results/schedules.md,
     *Clients of unequal shares, and configs beyond the held-out sets'*). Such a plan is passed over for the next."""
-    candidates, plans, built = candidate_plans(e, m, batch, max_iterations, candidates)
+    plans, built = candidate_plans(e, m, candidates, batch, max_iterations)
     left = list(range(len(plans)))  # the candidates not passed over
     while left:
         best = fewest_median_rounds(
