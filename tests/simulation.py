@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from stlsgd.executors.rules import PLAIN
 from stlsgd.executors.sampling import Sampler
 from stlsgd.executors.simulator import init_run_state, run
 
 
-def simulate(problem, partition, plan, stop, seed=0, fstar=None):
+def simulate(problem, partition, plan, stop, seed=0, fstar=None, rule=PLAIN):
     sampler = Sampler(partition, seed)
     metrics = []
     state = run(
@@ -18,5 +19,6 @@ def simulate(problem, partition, plan, stop, seed=0, fstar=None):
         fstar=fstar,
         on_metrics=metrics.append,
         progress=False,
+        rule=rule,
     )
     return state, metrics

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from simulation import simulate
 
 from stlsgd.algorithms import LocalSGD
 from stlsgd.data import make_partition
 from stlsgd.executors import simulator
 from stlsgd.executors.averaging import OuterNesterov
 from stlsgd.executors.sampling import Sampler
-from stlsgd.executors.simulator import RoundRule, StopRule, init_run_state, run
+from stlsgd.executors.simulator import RoundRule, StopRule
 from stlsgd.experiments.config import Experiment
 from stlsgd.experiments.runner import run_experiment
 from stlsgd.problems.logistic import LogisticRegression
@@ -91,17 +92,8 @@ def _scaffold_reference(
 
 
 def _simulate(plan, problem, partition, rounds: int, seed: int, rule: RoundRule):
-    """The simulator's run of ``plan`` for ``rounds`` rounds from x_0 = 0 on the partition's 4 clients."""
-    sampler = Sampler(partition, seed)
-    return run(
-        plan,
-        problem,
-        sampler,
-        StopRule(max_rounds=rounds),
-        init_run_state(problem, sampler, 4, seed),
-        progress=False,
-        rule=rule,
-    )
+    """The simulator's run of ``plan`` for ``rounds`` rounds from x_0 = 0 on the partition's clients."""
+    return simulate(problem, partition, plan, StopRule(max_rounds=rounds), seed, rule=rule)[0]
 
 
 @pytest.mark.parametrize(
@@ -133,20 +125,9 @@ def test_the_first_drift_round_is_plain_local_sgd(digits) -> None:
     ds, problem = digits
     partition = make_partition(ds.y, 4, "split", seed=0)
     plan = LocalSGD(lr=0.5, k=5)
-    out = []
-    for rule in (RoundRule(), RoundRule(drift=True)):
-        sampler = Sampler(partition, 1)
-        out.append(
-            run(
-                plan,
-                problem,
-                sampler,
-                StopRule(max_rounds=1),
-                init_run_state(problem, sampler, 4, 1),
-                progress=False,
-                rule=rule,
-            ).clients["w"]
-        )
+    out = [
+        _simulate(plan, problem, partition, 1, 1, rule).clients["w"] for rule in (RoundRule(), RoundRule(drift=True))
+    ]
     assert np.array_equal(out[0], out[1])  # c = c_i = 0 at the start
 
 

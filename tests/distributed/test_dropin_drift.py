@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 from dist_helpers import launch_worker
+from simulation import simulate
 
 from stlsgd.data import load_dataset, make_partition
 from stlsgd.executors.rules import RoundRule
 from stlsgd.executors.sampling import Sampler
-from stlsgd.executors.simulator import StopRule, init_run_state, run
+from stlsgd.executors.simulator import StopRule
 from stlsgd.problems.logistic import LogisticRegression
 
 
@@ -21,16 +22,9 @@ def _simulate(drift: bool, window: int | None = None) -> np.ndarray:
 
     ds = load_dataset("digits49")
     problem = LogisticRegression(ds.X, ds.y)
-    sampler = Sampler(make_partition(ds.y, 2, "noniid", seed=0, s=0), SEED)
-    state = run(
-        PLAN,
-        problem,
-        sampler,
-        StopRule(max_rounds=ROUNDS),
-        init_run_state(problem, sampler, 2, SEED),
-        progress=False,
-        rule=RoundRule(drift=drift, drift_window=window),
-    )
+    partition = make_partition(ds.y, 2, "noniid", seed=0, s=0)
+    rule = RoundRule(drift=drift, drift_window=window)
+    state, _ = simulate(problem, partition, PLAN, StopRule(max_rounds=ROUNDS), SEED, rule=rule)
     return state.clients["w"][0]
 
 
