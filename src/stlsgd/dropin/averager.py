@@ -407,7 +407,8 @@ class PlanAverager:
                 torch._foreach_add_(grads, correction)  # type: ignore[arg-type]
 
     def _in_window(self) -> bool:
-        """Whether the coming step is one of those the round's control variate is taken over (:func:`control_steps`)."""
+        """Whether the coming step is one of those the round's control variate is taken over
+        (:meth:`~stlsgd.executors.rules.RoundRule.control_steps`)."""
         rnd = self.driver.round
         assert rnd is not None  # settled by _before_step, which every call comes from
         return self.driver.step < self.rule.control_steps(rnd.steps)

@@ -7,8 +7,8 @@ simulator (stacked clients, NumPy or torch), the torchrun executor, the drop-in 
   2020, option II): every step's gradient gets c - c_i; after the round
   c_i <- c_i - c + (x_start - y_i) / (sum of the round's learning rates), and c becomes the mean of the c_i
   (sent with the model); with a window M (or a share of the round), y_i is the client's model after the round's
-  first M steps and the sum runs over those steps' learning rates (:func:`control_steps`). Where the executor sees
-  each step's gradient (the drop-in),
+  first M steps and the sum runs over those steps' learning rates (:meth:`RoundRule.control_steps`). Where the
+  executor sees each step's gradient (the drop-in),
   :func:`accumulate_gradients` and :func:`control_from_gradients` give the same c_i under plain SGD as the
   lr-weighted mean of the round's gradients, which stays a gradient under momentum and Adam.
 - :func:`outer_step`: DiLoCo's outer step on the averaged model (:class:`OuterNesterov`).
@@ -37,27 +37,6 @@ OptimizerState = Literal["average", "keep", "reset"]
 OPTIMIZER_STATES: tuple[str, ...] = ("average", "keep", "reset")
 
 
-def check_drift_window(drift: bool, window: int | None, share: float | None = None) -> None:
-    """A drift window (:attr:`RoundRule.drift_window`) needs drift correction and at least one step; a share
-    (:attr:`RoundRule.drift_share`) drift correction and a value in (0, 1], and not both."""
-    if window is not None and (not drift or window < 1):
-        raise StlsgdError(f"drift_window: needs drift=True and at least 1 step, got {window!r}")
-    if share is not None and (not drift or not 0 < share <= 1 or window is not None):
-        raise StlsgdError(
-            f"drift_share: needs drift=True, a share in (0, 1] and no drift_window beside it, got {share!r}"
-        )
-
-
-def control_steps(steps: int, window: int | None, share: float | None = None) -> int:
-    """How many of a round's ``steps`` local steps its control variates are taken over: the first ``window``, or
-    the first floor(``share`` x steps) (at least one), else all of them (option II)."""
-    if window is not None:
-        return min(steps, window)
-    if share is not None:
-        return max(int(share * steps + 1e-9), 1)  # 0.29 x 100 is 28.999999999999996 in floating point
-    return steps
-
-
 @dataclass(frozen=True)
 class RoundRule:
     """How a round updates the model besides the plan's local steps.
@@ -71,8 +50,8 @@ class RoundRule:
     grows, so the new c_i is mostly the old c_i - c), not at the averaged model where the next round starts. From
     the first steps c_i stays near the client's gradient at the averaged model, option I's target, without
     option I's extra pass over the data.
-    ``drift_share``: c_i from the first floor(share x steps) of each round instead (:func:`control_steps`). A fixed
-    window's noise, a mean of W samples, moves each client as far as its steps carry it, which on long rounds no
+    ``drift_share``: c_i from the first floor(share x steps) of each round instead (:meth:`control_steps`). A
+    fixed window's noise, a mean of W samples, moves each client as far as its steps carry it, which on long rounds no
     longer depends on the round's length or lr: the floor it sets stays as STL-SGD's stages halve eta and double
     k. A share of the round grows with k, so that floor halves with each doubling, as option II's does.
     ``outer``: the average takes an outer optimizer step (:class:`~stlsgd.executors.averaging.OuterNesterov`)
@@ -85,11 +64,24 @@ class RoundRule:
     outer: OuterNesterov | None = None
 
     def __post_init__(self) -> None:
-        check_drift_window(self.drift, self.drift_window, self.drift_share)
+        # a window needs drift correction and at least one step; a share drift correction, a value in (0, 1] and
+        # no window beside it
+        window, share = self.drift_window, self.drift_share
+        if window is not None and (not self.drift or window < 1):
+            raise StlsgdError(f"drift_window: needs drift=True and at least 1 step, got {window!r}")
+        if share is not None and (not self.drift or not 0 < share <= 1 or window is not None):
+            raise StlsgdError(
+                f"drift_share: needs drift=True, a share in (0, 1] and no drift_window beside it, got {share!r}"
+            )
 
     def control_steps(self, steps: int) -> int:
-        """How many of a round's ``steps`` local steps its control variates are taken over (:func:`control_steps`)."""
-        return control_steps(steps, self.drift_window, self.drift_share)
+        """How many of a round's ``steps`` local steps its control variates are taken over: the first
+        ``drift_window``, or the first floor(``drift_share`` x steps) (at least one), else all of them (option II)."""
+        if self.drift_window is not None:
+            return min(steps, self.drift_window)
+        if self.drift_share is not None:
+            return max(int(self.drift_share * steps + 1e-9), 1)  # 0.29 x 100 is 28.999999999999996 in floating point
+        return steps
 
 
 PLAIN = RoundRule()
