@@ -36,6 +36,7 @@ from stlsgd.experiments.suggest import (
     fewest_median_rounds,
     method_config,
     model_gap,
+    noise_dof,
     one_round,
     plan_rounds,
     propose,
@@ -364,18 +365,55 @@ def test_the_clients_model_rounds_by_hand() -> None:
     noisy = _clients(0.5, [0.0], noise=0.05)
     stl = STLSGD(lr=0.1, T1=20, k1=10)
     assert _rounds(noisy, [local, stl], every=1, max_rounds=1000) == [None, 6]
-    # The lowest last lr an evaluation sees, with which drift_rounds leaves out a plan whose noise alone stays over
-    # the target (local's 0.1 x 0.05 / 4 = 1.25e-3 at every round): STL's rounds end at 0.1, 0.1, 0.05, 0.05, 0.025,
-    # 0.025 (iterations 10, 20, 40, 60, 100, 140); seen every round 0.025 by round 6, every 4th 0.05, every 5th none
-    # within 3 rounds; within a budget of 80 steps, 0.05 (round 5 would cross it).
+    # The last lr each evaluation sees, with which drift_rounds leaves out a plan whose noise alone stays over the
+    # target (local's 0.1 x 0.05 / 4 = 1.25e-3 at every round): STL's rounds end at 0.1, 0.1, 0.05, 0.05, 0.025,
+    # 0.025 (iterations 10, 20, 40, 60, 100, 140); every 4th round: round 4's; every 5th: none within 3 rounds;
+    # within a budget of 80 steps, none from round 5 (it would cross it).
     local_rounds, stl_rounds_ = plan_rounds(noisy, [local, stl])
-    assert local_rounds.lowest_last(1000, 1) == 0.1
-    assert stl_rounds_.lowest_last(6, 1) == 0.025 and stl_rounds_.lowest_last(6, 4) == 0.05
-    assert stl_rounds_.lowest_last(3, 5) == math.inf
-    assert plan_rounds(noisy, [stl], budget=80)[0].lowest_last(1000, 1) == 0.05
+    assert local_rounds.lasts(3, 1).tolist() == [0.1, 0.1, 0.1]
+    assert stl_rounds_.lasts(6, 1).tolist() == [0.1, 0.1, 0.05, 0.05, 0.025, 0.025]
+    assert stl_rounds_.lasts(6, 4).tolist() == [0.05] and stl_rounds_.lasts(3, 5).tolist() == []
+    assert np.array_equal(
+        plan_rounds(noisy, [stl], budget=80)[0].lasts(6, 1), [0.1, 0.1, 0.05, 0.05, np.nan, np.nan], equal_nan=True
+    )
     # Two clients with the same curvature and opposite gradients at x*: each round's fixed points and the control
     # variates move symmetrically, so their average runs as the one client does.
     assert _rounds(_clients(0.5, [0.3, -0.3]), [local], every=1, max_rounds=100) == [6]
+
+
+def test_the_averaged_noise_lies_in_few_directions() -> None:
+    # H = diag(1, 4) and Sigma = diag(2, 8) turned by 30 degrees: H P + P H = Sigma gives P = diag(2 / 2, 8 / 8) in
+    # H's basis, and H^1/2 P H^1/2 / 2 = diag(0.5, 2): nu = 2.5^2 / (0.25 + 4) = 1.470588.
+    c, s = math.cos(math.pi / 6), math.sin(math.pi / 6)
+    R = np.array([[c, -s], [s, c]])
+    H, Sigma = R @ np.diag([1.0, 4.0]) @ R.T, R @ np.diag([2.0, 8.0]) @ R.T
+    assert noise_dof(H, Sigma) == pytest.approx(2.5**2 / 4.25)
+    # Alike curvatures: P = Sigma / (2 h), so Sigma's own eigenvalues (3 and 1 of [[2, 1], [1, 2]]): 16 / 10.
+    assert noise_dof(2.0 * np.eye(2), np.array([[2.0, 1.0], [1.0, 2.0]])) == pytest.approx(1.6)
+    assert noise_dof(np.eye(3), np.eye(3)) == pytest.approx(3.0)
+    assert noise_dof(np.eye(2), np.zeros((2, 2))) == math.inf  # no noise: its mean, 0, stands
+
+
+def test_the_clients_model_counts_the_averaged_noise_at_each_evaluation_as_a_draw() -> None:
+    # x_0 = x* = 0, no bias: only the averaged noise, lr noise / (4 N) = 0.1 noise / 4 in the mean every round, against
+    # the 1e-3 target. As a mean (nu = inf) it reaches where that is under the target: noise 0.05 (1.25e-3) never,
+    # 0.03 (7.5e-4) at round 1.
+    local = LocalSGD(lr=0.1, k=10)
+    assert _rounds(_clients(0.5, [0.0], x=0.0, noise=0.05), [local], every=1, max_rounds=50) == [None]
+    assert _rounds(_clients(0.5, [0.0], x=0.0, noise=0.03), [local], every=1, max_rounds=50) == [1]
+    # Along one direction (nu = 1) it is the mean times chi^2_1, under the target with a chance of
+    # P(chi^2_1 <= 1e-3 / mean) at each evaluation, independently; reached once the chance of none so far is at most
+    # a half. Mean 1.25e-3: P(chi^2_1 <= 0.8) = 0.6289, round 1. Mean 4e-3: P(chi^2_1 <= 0.25) = 0.3829, none by
+    # round 1 0.617, by round 2 0.381: round 2. Mean 2e-2: P(chi^2_1 <= 0.05) = 0.1769, 0.8231^r <= 0.5 from r = 4.
+    for noise, rounds in ((0.05, 1), (0.16, 2), (0.8, 4)):
+        m = dataclasses.replace(_clients(0.5, [0.0], x=0.0, noise=noise), noise_dof=1.0)
+        assert _rounds(m, [local], every=1, max_rounds=50) == [rounds]
+    # Every 5th round: the same chances, one an evaluation (round 4 -> the fourth evaluation, round 20).
+    m = dataclasses.replace(_clients(0.5, [0.0], x=0.0, noise=0.8), noise_dof=1.0)
+    assert _rounds(m, [local], every=5, max_rounds=50) == [20]
+    # A plan whose noise alone leaves it over the target with a chance over a half within max_rounds never enters:
+    # within 3 rounds, mean 2e-2 (0.8231^3 = 0.558).
+    assert _rounds(m, [local], every=1, max_rounds=3) == [None]
 
 
 def test_the_clients_model_with_control_variates_from_a_rounds_first_steps() -> None:
@@ -468,6 +506,10 @@ def test_the_fewest_median_rounds_over_draws_stop_at_the_first_majority() -> Non
     # and 0 (10, 20, then 30) not yet
     run, calls = _scripted({s: [None if v is None else -(-v // 10) * 10 for v in row] for s, row in script.items()})
     assert fewest_median_rounds(run, 4, max_rounds=100, draws=5) == (20, [1, 3])
+    # Of a tie, the candidates with the most draws in by then: with seed 4's 90 for candidate 1 now 12, four of its
+    # draws are in by round 12 against candidate 3's three
+    run, calls = _scripted({**script, 4: [50, 12, 2, None]})
+    assert fewest_median_rounds(run, 4, max_rounds=100, draws=5) == (12, [1])
 
 
 def test_stl_rounds_count_the_halvings_down_to_the_noise() -> None:
