@@ -9,8 +9,9 @@ models, then the same among the plans beside it (its neighbours) where it is Loc
 first majority (:func:`~stlsgd.experiments.suggest.fewest_median_rounds`). The baseline, measured in the same run
 on the same estimates, runs the five draws one after another with every candidate up to the cap (STATIONARY_SLACK
 x the stationary stages' count) and takes the fewest medians, then the most draws in by then, then the fewest
-steps, then the lowest last lr, of the candidates every draw of which reaches (``drift_pick`` passes over the others): the same choice,
-computed plainly. Prints both times, their ratio, and checks that both choose the same plan in the same rounds. Default config: a9a, 32 label-sorted clients
+steps, then the lowest last lr, of the candidates every draw of which reaches (``drift_pick`` passes over the
+others): the same choice, computed plainly. Prints both times, their ratio, and checks that both choose the same
+plan in the same rounds. Default config: a9a, 32 label-sorted clients
 (s = 50), target gap 1e-4, a budget of 10 M steps, an evaluation every 5 rounds (the Table 2+ a9a Non-IID column's
 run); ``--config`` takes another (``benchmarks/heldout_sets.py OUT`` writes some).
 """

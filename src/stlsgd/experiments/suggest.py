@@ -33,11 +33,11 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   control variates from a round's first DRIFT_WINDOWS steps, ``drift_window``, whose sampling noise it draws from each
   client's gradient covariance at x*, doubled: WINDOW_NOISE; a candidate's rounds the median of DRIFT_DRAWS draws of
   it; and at each evaluation the chance that the averaged noise's gap, chi^2 over the few directions it lies in,
-  leaves the gap under the target) on the clients' quadratics (:func:`drift_rounds`) for candidate plans at one client's step 1/(2L) -- Local SGD +
-  drift with periods up to 2^20, and STL-SGD^sc + drift with Algorithm 2's stages (:func:`drift_candidates`) -- and
-  ``auto`` runs the one with the fewest rounds (then the most draws in by then, then steps, then the lowest last lr)
-  if that is fewer than STATIONARY_SLACK times the rounds
-  the stationary stages below need at least to halve eta down to the clients' averaged noise (:func:`stl_rounds`)
+  leaves the gap under the target) on the clients' quadratics (:func:`drift_rounds`) for candidate plans at one
+  client's step 1/(2L) -- Local SGD + drift with periods up to 2^20, and STL-SGD^sc + drift with Algorithm 2's stages
+  (:func:`drift_candidates`) -- and ``auto`` runs the one with the fewest rounds (then the most draws in by then,
+  then steps, then the lowest last lr) if that is fewer than STATIONARY_SLACK times the rounds the stationary stages
+  below need at least to halve eta down to the clients' averaged noise (:func:`stl_rounds`)
   and every draw of it reaches within the budget (else the next: a run that misses by its budget's end never
   reaches), and a Local SGD + drift pick once more among it and Local SGD + drift at half and twice its period
   and its decay (:func:`neighbours`): long periods where the model has the control variates carry them, short ones
@@ -491,7 +491,7 @@ def drift_rounds(
 
     The plans run side by side, so that each pass over the clients' N x d x r bases serves all of them, in chunks
     of about CHUNK_ENTRIES numbers a temporary; a plan leaves the arrays once it reaches or stops, and one whose
-    noise term alone is over the target at every evaluation it has (:meth:`PlanRounds.lasts`) never enters."""
+    averaged noise alone, with no bias, would not reach (:meth:`PlanRounds.lasts`) never enters."""
     n, d = m.gradients.shape
     count = len(plans)
     seed_of = np.full(count, seeds) if isinstance(seeds, int) else np.asarray(seeds)
@@ -845,8 +845,8 @@ def _fewest_reaching(
             return None
         # the fewest rounds (then the most draws in by then), then the fewest steps to them, then the least averaged
         # noise there (the lowest lr at round r's end: the gap's widest part is that noise's draw; make_hastie_10_2's
-        # two decays tied at 5 rounds in every draw, and at round 5 the lower one's runs were at 1.0-1.2e-4, the
-        # higher one's under the 1e-4 target), then the candidates' order
+        # plan and the same at half its decay both reached at round 5 in every draw of the model, and at round 5 the
+        # latter's runs were at 1.0-1.2e-4, the plan's under the 1e-4 target), then the candidates' order
         r, tied = best
         i = left[min(tied, key=lambda j: (_steps_to(plans[left[j]], r), built[left[j]].lasts(r, r)[0], j))]
         draws = drift_rounds(
@@ -865,9 +865,10 @@ def fewest_median_rounds(
     draws: int = DRIFT_DRAWS,
 ) -> tuple[int, list[int]] | None:
     """The fewest rounds, in median over ``draws`` noise draws (seeds 0, 1, ...), that any of ``count`` candidates
-    takes within ``max_rounds``, and the candidates that take them with the most draws in by then; None when none does. ``run(pairs, cap, stop)``
-    gives the rounds of (candidate, seed) ``pairs`` within ``cap`` (None: not within it), as :func:`drift_rounds`
-    does, and may end at the first evaluation at which ``stop(round, reached so far)`` holds.
+    takes within ``max_rounds``, and of the candidates that take them those with the most draws in by then; None
+    when none does. ``run(pairs, cap, stop)`` gives the rounds of (candidate, seed) ``pairs`` within ``cap`` (None:
+    not within it), as :func:`drift_rounds` does, and may end at the first evaluation at which ``stop(round, reached
+    so far)`` holds.
 
     A candidate's median is at most r once a majority of its draws have reached by r, so the draws run in two
     groups: the majority's seeds for every candidate, ended at the first round at which some candidate has reached
@@ -890,8 +891,7 @@ def fewest_median_rounds(
     fewest = min(medians, default=math.inf)
     if fewest == math.inf:
         return None
-    # of those, the ones with the most draws in by then: more of a run's chances to be in by then (make_hastie_10_2:
-    # two decays in 5 rounds at the median, one in all five draws, one in three, whose runs took 10, 15, 10)
+    # of those, the ones with the most draws in by then: more of a run's chances to be in by then
     within = {j: sum(x <= fewest for x in v) for j, v in enumerate(got) if medians[j] == fewest}
     return int(fewest), [j for j, n in within.items() if n == max(within.values())]
 
