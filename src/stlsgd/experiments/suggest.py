@@ -1023,7 +1023,8 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
             plan += f", control variates from each round's first {proposal['drift_window']} steps (drift_window)"
         rule = (
             f"{plan}: in the clients' quadratic models at x* it reaches the target in {proposal['model_rounds']} "
-            f"rounds, the fewest of Local SGD + drift (k in {', '.join(map(str, DRIFT_PERIODS))}, lr_decay in "
+            f"rounds (the median of {DRIFT_DRAWS} draws, each at the first evaluation by which the gap has been under "
+            f"the target with a chance of a half), the fewest of Local SGD + drift (k in {', '.join(map(str, DRIFT_PERIODS))}, lr_decay in "
             f"{{{', '.join(f'{d:g}' for d in DRIFT_DECAYS)}}} mu lr; then half and twice the best's k and lr_decay) "
             "and STL-SGD^sc + drift (lr T1 in "
             f"{{{', '.join(f'{d:g}' for d in DRIFT_LR_T1)}}} / mu, k in {', '.join(map(str, DRIFT_K1))}), each "
