@@ -168,6 +168,8 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "classification200": (_classification(200, 10000, 200, 20, 0.03), 32),
     "classification307": (_classification(307, 6000, 60, 20, 0.02, n_redundant=10, class_sep=0.8), 16),
     "quantiles": (_quantiles, 8),
+    "classification419": (_classification(419, 5000, 30, 8, 0.05, n_redundant=4), 16),
+    "digits58": (_digits(lambda t: t == 5, (5, 8)), 8),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}

@@ -633,6 +633,27 @@ def test_a_local_sgd_pick_is_chosen_again_among_the_plans_beside_it(monkeypatch:
     assert max(c["k"] for c in suggest.neighbours(e, {"k": float(2**20), "lr": 0.5, "lr_decay": 0.0})) == 2.0**20 / 2
 
 
+def test_of_plans_tied_in_rounds_and_steps_the_least_noisy_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Scripted: Local SGD + drift at k 65,536 (option II) reaches in 10 rounds in every draw at decays of mu lr and
+    # 4 mu lr, the rest never: the same rounds, the same steps. The larger decay ends round 10 at the lower lr, where
+    # the averaged noise's draw is the smaller: that one (the candidates' order has the smaller decay first).
+    e = dataclasses.replace(_estimates(num_clients=2, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3]))
+    reach = {(65_536, 1.0): 10, (65_536, 4.0): 10}
+
+    def run(m, plans, *, every, max_rounds, seeds=0, stop=None):
+        got = []
+        for p in plans:
+            plan = p._plan
+            local = plan.name == "local_sgd" and p.window is None
+            r = reach.get((plan.k, round(plan.lr_decay / (e.mu * plan.lr), 9))) if local else None
+            got.append(r if r is not None and r <= max_rounds else None)
+        return got
+
+    monkeypatch.setattr(suggest, "drift_rounds", run)
+    p = propose(e, eval_every=1, max_iterations=10**9)
+    assert (p["k"], pytest.approx(p["lr_decay"] / (e.mu * p["lr"])), p["model_rounds"]) == (65_536.0, 4.0, 10)
+
+
 def test_auto_on_clients_that_differ_runs_the_models_choice(tmp_path: Path) -> None:
     exp = Experiment.model_validate(
         {
