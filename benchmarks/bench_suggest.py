@@ -11,9 +11,9 @@ on the same estimates, runs the five draws one after another with every candidat
 x the stationary stages' count) and takes the fewest medians, then the most draws in by then, then the fewest
 steps, then the lowest last lr, of the candidates every draw of which reaches (``drift_pick`` passes over the
 others): the same choice, computed plainly. Prints both times, their ratio, and checks that both choose the same
-plan in the same rounds. Default config: a9a, 32 label-sorted clients
-(s = 50), target gap 1e-4, a budget of 10 M steps, an evaluation every 5 rounds (the Table 2+ a9a Non-IID column's
-run); ``--config`` takes another (``benchmarks/heldout_sets.py OUT`` writes some).
+plan in the same rounds. Default config: a9a, 32 label-sorted clients (s = 50), target gap 1e-4, a budget of 10 M
+steps, an evaluation every 5 rounds (the Table 2+ a9a Non-IID column's run); ``--config`` takes another
+(``benchmarks/heldout_sets.py OUT`` writes some).
 """
 
 from __future__ import annotations
