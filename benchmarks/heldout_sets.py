@@ -170,6 +170,7 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "quantiles": (_quantiles, 8),
     "classification419": (_classification(419, 5000, 30, 8, 0.05, n_redundant=4), 16),
     "digits58": (_digits(lambda t: t == 5, (5, 8)), 8),
+    "classification521": (_classification(521, 7000, 50, 15, 0.03, n_redundant=5, class_sep=1.2), 24),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
