@@ -593,6 +593,22 @@ def test_a_plan_some_draw_of_which_misses_within_the_budget_is_passed_over(monke
         assert {k: p[k] for k in candidate} == candidate and p["model_rounds"] == rounds
 
 
+def _reaching_local(e: Estimates, reach: dict[tuple[int, float], int]):
+    """A :func:`drift_rounds` stand-in: Local SGD + drift with option II's control variates reaches in
+    ``reach[(k, lr_decay in mu lr)]`` rounds at every draw (within ``max_rounds``), every other plan never."""
+
+    def run(m, plans, *, every, max_rounds, seeds=0, stop=None):
+        got = []
+        for p in plans:
+            plan = p._plan
+            local = plan.name == "local_sgd" and p.window is None
+            r = reach.get((plan.k, round(plan.lr_decay / (e.mu * plan.lr), 9))) if local else None
+            got.append(r if r is not None and r <= max_rounds else None)
+        return got
+
+    return run
+
+
 def test_a_local_sgd_pick_is_chosen_again_among_the_plans_beside_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # Scripted by (period, lr_decay in mu lr), option II: Local SGD + drift reaches in 10 rounds at k 65,536 and a
     # decay of mu lr (among drift_candidates), in 8 at 131,072 and in 9 at 32,768 (powers of two between the
@@ -602,17 +618,7 @@ def test_a_local_sgd_pick_is_chosen_again_among_the_plans_beside_it(monkeypatch:
     e = dataclasses.replace(_estimates(num_clients=2, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3]))
     for extra, chosen in (({}, (131_072.0, 1.0, None, 8)), ({(65_536, 0.5): 7}, (65_536.0, 0.5, None, 7))):
         reach = {(65_536, 1.0): 10, (131_072, 1.0): 8, (32_768, 1.0): 9, **extra}
-
-        def run(m, plans, *, every, max_rounds, seeds=0, stop=None, reach=reach):
-            got = []
-            for p in plans:
-                plan = p._plan
-                local = plan.name == "local_sgd" and p.window is None
-                r = reach.get((plan.k, round(plan.lr_decay / (e.mu * plan.lr), 9))) if local else None
-                got.append(r if r is not None and r <= max_rounds else None)
-            return got
-
-        monkeypatch.setattr(suggest, "drift_rounds", run)
+        monkeypatch.setattr(suggest, "drift_rounds", _reaching_local(e, reach))
         p = propose(e, eval_every=1, max_iterations=10**9)
         units = p["lr_decay"] / (e.mu * p["lr"])
         assert (p["method"], p["k"], pytest.approx(units), p.get("drift_window"), p["model_rounds"]) == (
@@ -638,18 +644,7 @@ def test_of_plans_tied_in_rounds_and_steps_the_least_noisy_is_chosen(monkeypatch
     # 4 mu lr, the rest never: the same rounds, the same steps. The larger decay ends round 10 at the lower lr, where
     # the averaged noise's draw is the smaller: that one (the candidates' order has the smaller decay first).
     e = dataclasses.replace(_estimates(num_clients=2, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3]))
-    reach = {(65_536, 1.0): 10, (65_536, 4.0): 10}
-
-    def run(m, plans, *, every, max_rounds, seeds=0, stop=None):
-        got = []
-        for p in plans:
-            plan = p._plan
-            local = plan.name == "local_sgd" and p.window is None
-            r = reach.get((plan.k, round(plan.lr_decay / (e.mu * plan.lr), 9))) if local else None
-            got.append(r if r is not None and r <= max_rounds else None)
-        return got
-
-    monkeypatch.setattr(suggest, "drift_rounds", run)
+    monkeypatch.setattr(suggest, "drift_rounds", _reaching_local(e, {(65_536, 1.0): 10, (65_536, 4.0): 10}))
     p = propose(e, eval_every=1, max_iterations=10**9)
     assert (p["k"], pytest.approx(p["lr_decay"] / (e.mu * p["lr"])), p["model_rounds"]) == (65_536.0, 4.0, 10)
 
