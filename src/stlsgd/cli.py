@@ -119,16 +119,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_suggest(args: argparse.Namespace) -> int:
     from stlsgd.costmodel import parse_network, require_step
     from stlsgd.experiments.build import build
-    from stlsgd.experiments.config import load_config
     from stlsgd.experiments.suggest import proposal_for, report
+    from stlsgd.experiments.sweeps.spec import proposal_experiment
 
-    exp = load_config(args.config, args.set, sweep_base=True)
+    exp, row = proposal_experiment(args.config, args.set)
     given = args.network or getattr(exp.algorithm, "network", None)
     network = parse_network(given, "--network" if args.network else "algorithm.network") if given else None
     if network is not None:
         require_step(network, f"--network: {given}", "suggest")
     if getattr(exp.algorithm, "auto", False):  # the estimates come from the data, whatever the method's fields
         exp = exp.model_copy(update={"algorithm": exp.algorithm.model_copy(update={"auto": False, "network": None})})
+    if row is not None:
+        print(f"for the row {row!r} of {args.config} (its base with the row's fields)")
     print(report(*proposal_for(exp, build(exp, args.data_dir), network), network))
     return 0
 
@@ -288,7 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="estimate L, mu, sigma^2 and zeta^2 of a config's problem; propose STL-SGD "
         "settings (what algorithm.auto = true runs)",
     )
-    p.add_argument("config", help="experiment config, or a sweep file (its base) (.toml or .yaml)")
+    p.add_argument(
+        "config",
+        help="experiment config, or a sweep file (its row with algorithm.auto, else its base) (.toml or .yaml)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
     p.add_argument("--data-dir", help="data directory (default $STLSGD_DATA or the user cache)")
     p.add_argument(

@@ -141,6 +141,30 @@ def test_a_sweep_file_given_to_run_and_a_config_given_to_sweep_say_which_command
     assert from_sweep == capsys.readouterr().out and from_sweep.startswith("n = 361, d = 64, N = 32 clients")
 
 
+def test_suggest_on_a_sweep_file_proposes_for_its_auto_row_as_that_row_runs(tmp_path, capsys):
+    """A row's fixed fields (here the budget) change auto's proposal: suggest reads the auto row, not the base."""
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(
+        'name = "s"\n[base.data]\ndataset = "digits49"\n[base.run]\ntarget_gap = 1e-4\n'
+        '[[methods]]\nmethod = "local_sgd"\ngrid = { lr = [0.1, 1.0] }\n'
+        '[[methods]]\nmethod = "stl_sc"\nlabel = "auto"\nfixed = { auto = true, "run.max_iterations" = 2000 }\n'
+    )
+    config = tmp_path / "c.toml"
+    config.write_text('[data]\ndataset = "digits49"\n[run]\ntarget_gap = 1e-4\nmax_iterations = 2000\n')
+    assert main(["suggest", str(sweep)]) == 0
+    first, *rest = capsys.readouterr().out.splitlines()
+    assert first == f"for the row 'auto' of {sweep} (its base with the row's fields)"
+    assert main(["suggest", str(config)]) == 0
+    assert rest == capsys.readouterr().out.splitlines()
+    assert "k = 2000:" in "\n".join(rest)  # the row's budget: one round of all of it
+    # a longer budget plans a longer round
+    assert main(["suggest", str(config), "--set", "run.max_iterations=200000"]) == 0
+    assert "k = 2000:" not in capsys.readouterr().out
+    # --set applies on top of the row
+    assert main(["suggest", str(sweep), "--set", "run.max_iterations=200000"]) == 0
+    assert "k = 2000:" not in capsys.readouterr().out
+
+
 def test_data_list_names_the_paper_sets(capsys):
     assert main(["data", "list"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]

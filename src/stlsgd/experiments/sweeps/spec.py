@@ -36,7 +36,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from stlsgd.algorithms import REGISTRY
 from stlsgd.errors import ConfigError
-from stlsgd.experiments.config import Experiment, read_raw, validate
+from stlsgd.experiments.config import Experiment, apply_overrides, load_config, read_raw, validate
 from stlsgd.schema import StrictModel
 
 
@@ -247,3 +247,28 @@ def load_sweep(path: str | Path, *, only: list[str] | None = None, limit: int | 
     for order, run_spec in enumerate(grid):
         run_spec.order = order
     return Sweep(spec.name, path, spec.seeds, spec.prune, labels, grid, base, spec.title, grids, spec.search)
+
+
+def proposal_experiment(path: str | Path, overrides: list[str] | None = None) -> tuple[Experiment, str | None]:
+    """The experiment ``stlsgd suggest`` proposes for, and the sweep row it is (None: the file's own experiment or a
+    sweep's base): a sweep file's first row that runs ``algorithm.auto`` as that row runs it (its base with the row's
+    fixed fields, its grid's first setting), else its base. ``auto``'s proposal depends on the run's budget, batch
+    and evaluations, which a row may set: Table 2+'s rows evaluate every five rounds, their base every round, and on
+    a9a Non-IID the two give different plans (k 262,144 for 20 rounds against 524,288 for 16)."""
+    path = Path(path)
+    raw = read_raw(path)
+    rows = raw.get("methods")
+    label = next(
+        (
+            str(row.get("label") or row.get("method"))
+            for row in (rows if isinstance(rows, list) else [])
+            if isinstance(row, dict)
+            and isinstance(row.get("fixed"), dict)
+            and any(row["fixed"].get(key) is True for key in ("auto", "algorithm.auto"))
+        ),
+        None,
+    )
+    if label is None:
+        return load_config(path, overrides, sweep_base=True), None
+    config = load_sweep(path, only=[label], limit=1).grid[0].config
+    return validate(apply_overrides(config, overrides or []), f"{path}: {label}"), label
