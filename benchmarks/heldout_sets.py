@@ -13,9 +13,10 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
     .venv/bin/stlsgd sweep OUT/parity.sweep.yaml --data-dir ../shared/data --jobs 2 --out OUT/parity_grid
 
 The features are scikit-learn's, MinMax-scaled (digits: pixels / 16; moons: two features), MNIST's test split (3
-against 5, 2 against 7 and 0 against 8, pixels / 255, read from the data directory: $STLSGD_DATA, e.g.
-../shared/data), or sparse and text-like (sparse17, sparse29, sparse41 and sparse53: 1,500, 1,200, 4,000 and 3,000
-features, 2%, 1%, 0.5% and 0.7% of them non-zero, rows of unit length); labels +1 / -1.
+against 5, 2 against 7, 0 against 8, 1 against 7 and 5 against 6, pixels / 255, read from the data directory:
+$STLSGD_DATA, e.g. ../shared/data), or sparse and text-like (sparse17, sparse29, sparse41, sparse53 and sparse67:
+1,500, 1,200, 4,000, 3,000 and 2,000 features, 2%, 1%, 0.5%, 0.7% and 1% of them non-zero, rows of unit length);
+labels +1 / -1.
 The registered sets (digits 4/9, mushrooms, w8a, and the test splits of a9a, w8a and MNIST 4/9) need no file:
 their configs name them.
 """
@@ -171,6 +172,12 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "classification419": (_classification(419, 5000, 30, 8, 0.05, n_redundant=4), 16),
     "digits58": (_digits(lambda t: t == 5, (5, 8)), 8),
     "classification521": (_classification(521, 7000, 50, 15, 0.03, n_redundant=5, class_sep=1.2), 24),
+    "digits79": (_digits(lambda t: t == 7, (7, 9)), 8),
+    "classification612": (_classification(612, 6000, 35, 10, 0.04, weights=[0.8, 0.2]), 16),
+    "mnist17_test": (_mnist_test(1, 7), 8),
+    "sparse67": (_sparse(67, 5000, 2000, 0.01, 0.04), 16),
+    "mnist56_test": (_mnist_test(5, 6), 16),
+    "classification733": (_classification(733, 12000, 20, 6, 0.06, n_clusters_per_class=4), 48),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}

@@ -609,6 +609,25 @@ def _reaching_local(e: Estimates, reach: dict[tuple[int, float], int]):
     return run
 
 
+def test_each_candidate_period_takes_the_windows_shorter_than_itself() -> None:
+    # Local SGD + drift at period k with each drift_window W < k (W in 256, 1,024, 4,096, 16,384: the last since the
+    # sparse sets' grids chose it); Algorithm 2's stages with every window, their period growing past it.
+    e = dataclasses.replace(_estimates(num_clients=2, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3]))
+    windows: dict[float, set[int]] = {}
+    for c in suggest.drift_candidates(e):
+        if c["method"] == "local_sgd" and c["lr_decay"] == 0.0:
+            windows.setdefault(c["k"], set()).add(c.get("drift_window"))
+    assert windows == {
+        256.0: {None},
+        1024.0: {None, 256},
+        4096.0: {None, 256, 1024},
+        16384.0: {None, 256, 1024, 4096},
+        **{float(k): {None, 256, 1024, 4096, 16384} for k in (65_536, 262_144, 1_048_576)},
+    }
+    stagewise = {c.get("drift_window") for c in suggest.drift_candidates(e) if c["method"] == "stl_sc"}
+    assert stagewise == {None, 256, 1024, 4096, 16384}
+
+
 def test_a_local_sgd_pick_is_chosen_again_among_the_plans_beside_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # Scripted by (period, lr_decay in mu lr), option II: Local SGD + drift reaches in 10 rounds at k 65,536 and a
     # decay of mu lr (among drift_candidates), in 8 at 131,072 and in 9 at 32,768 (powers of two between the
