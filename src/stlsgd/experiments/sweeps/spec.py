@@ -256,19 +256,10 @@ def proposal_experiment(path: str | Path, overrides: list[str] | None = None) ->
     and evaluations, which a row may set: Table 2+'s rows evaluate every five rounds, their base every round, and on
     a9a Non-IID the two give different plans (k 262,144 for 20 rounds against 524,288 for 16)."""
     path = Path(path)
-    raw = read_raw(path)
-    rows = raw.get("methods")
-    label = next(
-        (
-            str(row.get("label") or row.get("method"))
-            for row in (rows if isinstance(rows, list) else [])
-            if isinstance(row, dict)
-            and isinstance(row.get("fixed"), dict)
-            and any(row["fixed"].get(key) is True for key in ("auto", "algorithm.auto"))
-        ),
-        None,
-    )
-    if label is None:
+    if "methods" not in read_raw(path):  # an experiment config
+        return load_config(path, overrides), None
+    # each row's first setting, resolved as the sweep runs it (the row's fixed fields in either key form)
+    row = next((r for r in load_sweep(path, limit=1).grid if r.config["algorithm"].get("auto") is True), None)
+    if row is None:
         return load_config(path, overrides, sweep_base=True), None
-    config = load_sweep(path, only=[label], limit=1).grid[0].config
-    return validate(apply_overrides(config, overrides or []), f"{path}: {label}"), label
+    return validate(apply_overrides(row.config, overrides or []), f"{path}: {row.label}"), row.label
