@@ -12,11 +12,12 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
 
     .venv/bin/stlsgd sweep OUT/parity.sweep.yaml --data-dir ../shared/data --jobs 2 --out OUT/parity_grid
 
-The features are scikit-learn's, MinMax-scaled (digits: pixels / 16; moons: two features), MNIST's test split (3
-against 5, 2 against 7, 0 against 8, 1 against 7 and 5 against 6, pixels / 255, read from the data directory:
-$STLSGD_DATA, e.g. ../shared/data), or sparse and text-like (sparse17, sparse29, sparse41, sparse53 and sparse67:
-1,500, 1,200, 4,000, 3,000 and 2,000 features, 2%, 1%, 0.5%, 0.7% and 1% of them non-zero, rows of unit length);
-labels +1 / -1.
+The features are scikit-learn's, MinMax-scaled (digits: pixels / 16; moons: two features; multilabel811: the first
+of make_multilabel_classification's five labels), MNIST's (pixels / 255, read from the data directory: $STLSGD_DATA,
+e.g. ../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1 against 7 and 5 against 6, the train
+split's 3 against 8), or sparse and text-like (sparse17, sparse29, sparse41, sparse53, sparse67 and sparse89: 1,500,
+1,200, 4,000, 3,000, 2,000 and 2,500 features, 2%, 1%, 0.5%, 0.7%, 1% and 0.8% of them non-zero, rows of unit
+length); labels +1 / -1.
 The registered sets (digits 4/9, mushrooms, w8a, and the test splits of a9a, w8a and MNIST 4/9) need no file:
 their configs name them.
 """
@@ -42,6 +43,7 @@ from sklearn.datasets import (
     make_gaussian_quantiles,
     make_hastie_10_2,
     make_moons,
+    make_multilabel_classification,
 )
 from sklearn.preprocessing import MinMaxScaler, normalize
 
@@ -90,12 +92,13 @@ def _hastie() -> Data:
     return _scaled(X, y.astype(int))
 
 
-def _mnist_test(pos: int, neg: int) -> Callable[[], Data]:
-    """MNIST's test split, ``pos`` against ``neg``: pixels / 255, from the data directory (STLSGD_DATA)."""
+def _mnist(split: str, pos: int, neg: int) -> Callable[[], Data]:
+    """MNIST's ``split`` ("train" or "t10k"), ``pos`` against ``neg``: pixels / 255, from the data directory
+    (STLSGD_DATA)."""
 
     def make() -> Data:
         root = resolve_data_dir() / "mnist"
-        d = mnist_binary(root / "t10k-images-idx3-ubyte.gz", root / "t10k-labels-idx1-ubyte.gz", pos, neg)
+        d = mnist_binary(root / f"{split}-images-idx3-ubyte.gz", root / f"{split}-labels-idx1-ubyte.gz", pos, neg)
         return d.X, d.y
 
     return make
@@ -113,6 +116,13 @@ def _sparse(seed: int, n: int, d: int, density: float, flip: float) -> Callable[
         return X, np.where(rng.random(n) < flip, -y, y)
 
     return make
+
+
+def _multilabel() -> Data:
+    X, Y = make_multilabel_classification(
+        n_samples=6000, n_features=60, n_classes=5, n_labels=2, random_state=811, return_indicator="dense"
+    )
+    return _scaled(X.astype(float), 2 * Y[:, 0] - 1)
 
 
 def _moons() -> Data:
@@ -151,7 +161,7 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
         32,
     ),
     "classification13": (_classification(13, 3000, 80, 30, 0.1, n_redundant=20), 8),
-    "mnist35_test": (_mnist_test(3, 5), 8),
+    "mnist35_test": (_mnist("t10k", 3, 5), 8),
     "classification29": (_classification(29, 6000, 100, 10, 0.01), 16),
     "digits_low": (_digits(lambda t: t < 5), 8),
     "sparse17": (_sparse(17, 4000, 1500, 0.02, 0.02), 16),
@@ -163,9 +173,9 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "digits_loops": (_digits(lambda t: np.isin(t, (0, 6, 8, 9))), 8),
     "sparse41": (_sparse(41, 8000, 4000, 0.005, 0.03), 16),
     "sparse53": (_sparse(53, 9000, 3000, 0.007, 0.03), 16),
-    "mnist27_test": (_mnist_test(2, 7), 8),
+    "mnist27_test": (_mnist("t10k", 2, 7), 8),
     "moons": (_moons, 16),
-    "mnist08_test": (_mnist_test(0, 8), 8),
+    "mnist08_test": (_mnist("t10k", 0, 8), 8),
     "classification200": (_classification(200, 10000, 200, 20, 0.03), 32),
     "classification307": (_classification(307, 6000, 60, 20, 0.02, n_redundant=10, class_sep=0.8), 16),
     "quantiles": (_quantiles, 8),
@@ -174,10 +184,14 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "classification521": (_classification(521, 7000, 50, 15, 0.03, n_redundant=5, class_sep=1.2), 24),
     "digits79": (_digits(lambda t: t == 7, (7, 9)), 8),
     "classification612": (_classification(612, 6000, 35, 10, 0.04, weights=[0.8, 0.2]), 16),
-    "mnist17_test": (_mnist_test(1, 7), 8),
+    "mnist17_test": (_mnist("t10k", 1, 7), 8),
     "sparse67": (_sparse(67, 5000, 2000, 0.01, 0.04), 16),
-    "mnist56_test": (_mnist_test(5, 6), 16),
+    "mnist56_test": (_mnist("t10k", 5, 6), 16),
     "classification733": (_classification(733, 12000, 20, 6, 0.06, n_clusters_per_class=4), 48),
+    "mnist38_train": (_mnist("train", 3, 8), 16),
+    "multilabel811": (_multilabel, 16),
+    "sparse89": (_sparse(89, 6000, 2500, 0.008, 0.03), 24),
+    "digits23": (_digits(lambda t: t == 2, (2, 3)), 8),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
