@@ -256,10 +256,9 @@ def proposal_experiment(path: str | Path, overrides: list[str] | None = None) ->
     and evaluations, which a row may set: Table 2+'s rows evaluate every five rounds, their base every round, and on
     a9a Non-IID the two give different plans (k 262,144 for 20 rounds against 524,288 for 16)."""
     path = Path(path)
-    if "methods" not in read_raw(path):  # an experiment config
-        return load_config(path, overrides), None
-    # each row's first setting, resolved as the sweep runs it (the row's fixed fields in either key form)
-    row = next((r for r in load_sweep(path, limit=1).grid if r.config["algorithm"].get("auto") is True), None)
-    if row is None:
-        return load_config(path, overrides, sweep_base=True), None
-    return validate(apply_overrides(row.config, overrides or []), f"{path}: {row.label}"), row.label
+    if "methods" in read_raw(path):  # a sweep file
+        # each row's first setting, resolved as the sweep runs it (the row's fixed fields in either key form)
+        row = next((r for r in load_sweep(path, limit=1).grid if r.config["algorithm"].get("auto") is True), None)
+        if row is not None:
+            return validate(apply_overrides(row.config, overrides or []), f"{path}: {row.label}"), row.label
+    return load_config(path, overrides, sweep_base=True), None
