@@ -119,10 +119,8 @@ def _sparse(seed: int, n: int, d: int, density: float, flip: float) -> Callable[
 
 
 def _multilabel() -> Data:
-    X, Y = make_multilabel_classification(
-        n_samples=6000, n_features=60, n_classes=5, n_labels=2, random_state=811, return_indicator="dense"
-    )
-    return _scaled(X.astype(float), 2 * Y[:, 0] - 1)
+    X, Y = make_multilabel_classification(n_samples=6000, n_features=60, n_classes=5, n_labels=2, random_state=811)
+    return _scaled(X, 2 * Y[:, 0] - 1)
 
 
 def _moons() -> Data:
