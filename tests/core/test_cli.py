@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stlsgd.cli import main
+from stlsgd.cli import auto_missed, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -198,3 +198,16 @@ def test_calibrate_writes_a_profile_that_network_reads(tmp_path, shared_data, ca
         capsys.readouterr().err.strip()
         == f"stlsgd: error: {tmp_path}: is a directory; --out names the profile file to write"
     )
+
+
+def test_a_run_of_auto_that_ends_at_its_budget_after_the_models_rounds_says_the_model_was_wrong():
+    # Hand-made summaries: the clients' models gave the plan 85 rounds.
+    ended = {"status": "budget", "rounds": 123, "auto_model_rounds": 85, "final": {"gap": 8.105e-4}}
+    assert auto_missed(ended) == (
+        "algorithm.auto: the clients' models at x* gave this plan 85 rounds, and the run ended at its budget at a gap "
+        "of 0.000811: they do not describe this data; a grid (stlsgd sweep) is the way to tune it "
+        "(docs/results/schedules.md, *Every held-out set, as `auto` runs now*)"
+    )
+    assert auto_missed({**ended, "rounds": 84}) is None  # run.max_rounds ended it first: nothing said of the model
+    assert auto_missed({**ended, "status": "reached"}) is None
+    assert auto_missed({**ended, "auto_model_rounds": None}) is None  # the stationary stages, or no auto

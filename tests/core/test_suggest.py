@@ -687,6 +687,7 @@ def test_auto_on_clients_that_differ_runs_the_models_choice(tmp_path: Path) -> N
     assert summary["rule"]["drift"] is True and summary["status"] == "reached"
     assert summary["rule"]["drift_window"] == p.get("drift_window")  # summary.json says which control variates ran
     assert summary["rounds_to_target"] <= 1.5 * p["model_rounds"]  # the model was near: 15 rounds against 20
+    assert summary["auto_model_rounds"] == p["model_rounds"]  # kept beside the rounds the run took
 
 
 def test_stagewise_candidates_end_no_stage_on_a_round_of_under_a_quarter_period() -> None:
@@ -769,6 +770,7 @@ def test_auto_runs_with_the_proposal_and_says_so(tmp_path: Path) -> None:
     # clients that differ: stages end when the objective stops falling
     assert (p["stage_end"], summary["plan"]["name"]) == ("stationary", "stl_sc")
     assert isinstance(build(exp, None).plan, STLSGDStationary)
+    assert summary["auto_model_rounds"] is None  # not the clients' models' choice
     # config.yaml leaves to auto what auto decided (null), and it validates again as the same run
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["algorithm"]
     assert (saved["auto"], saved["drift"], saved["iid"], saved["stage_end"]) == (True, None, None, None)

@@ -31,6 +31,7 @@ SUMMARY = {
     "plan": {"kind": "staged", "stages": [[1, 4], [2, 8]]},
     "rule": {"drift": None, "outer": None},
     "backend": {"kind": "simulator"},
+    "auto_model_rounds": None,
 }
 
 RECORD = {
@@ -72,6 +73,9 @@ def test_a_summary_round_trips_through_its_file(tmp_path) -> None:
     assert json.loads(path.read_text()) == SUMMARY
     assert list(json.loads(path.read_text())) == list(SUMMARY)  # the order of the fields too
     assert RunSummary.read(path).to_json() == SUMMARY
+    # a summary written before auto_model_rounds was recorded still reads: not the clients' models' choice
+    older = {k: v for k, v in SUMMARY.items() if k != "auto_model_rounds"}
+    assert RunSummary.model_validate(older).auto_model_rounds is None
 
 
 def test_a_sweep_record_missing_a_field_is_refused_before_its_line_is_written(tmp_path) -> None:

@@ -44,6 +44,9 @@ class Built:
     rule: RoundRule = PLAIN
     #: The method's settings as run (``algorithm.auto`` resolved).
     algorithm: MethodConfig | None = None
+    #: Where ``algorithm.auto`` runs the clients' models' choice, the rounds they gave it (else None): summary.json
+    #: keeps it beside the rounds the run took, and a run that ends at its budget says the model was wrong there.
+    auto_model_rounds: int | None = None
 
 
 def stop_rule(exp: Experiment, has_optimum: bool) -> StopRule:
@@ -200,11 +203,13 @@ def with_plan(exp: Experiment, built: Built) -> Built:
     """``built`` with the plan and round rule of ``exp``'s method; ``algorithm.auto`` settles its settings from
     the data first (:mod:`stlsgd.experiments.suggest`), and ``built.algorithm`` records what ran."""
     alg: MethodConfig = exp.algorithm  # the registry's union: every member is a MethodConfig
+    model_rounds = None
     if getattr(alg, "auto", False):
         from stlsgd.costmodel import parse_network
         from stlsgd.experiments.suggest import method_config, proposal_for
 
         network = getattr(alg, "network", None)
-        alg = method_config(alg, proposal_for(exp, built, parse_network(network) if network else None)[1])
+        proposal = proposal_for(exp, built, parse_network(network) if network else None)[1]
+        alg, model_rounds = method_config(alg, proposal), proposal.get("model_rounds")
     plan = alg.plan(plan_context(exp, built.dataset.n, built.problem.lam))
-    return dataclasses.replace(built, plan=plan, rule=round_rule(alg), algorithm=alg)
+    return dataclasses.replace(built, plan=plan, rule=round_rule(alg), algorithm=alg, auto_model_rounds=model_rounds)

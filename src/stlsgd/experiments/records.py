@@ -57,6 +57,8 @@ class RunSummary(_Record):
     plan: dict[str, Any]
     rule: dict[str, Any]
     backend: dict[str, Any]
+    #: The rounds the clients' models gave the plan ``algorithm.auto`` ran (None: not their choice).
+    auto_model_rounds: int | None = None
 
     @classmethod
     def read(cls, path: Path) -> RunSummary:

@@ -383,5 +383,6 @@ def summarize(
             "outer": None if built.rule.outer is None else dataclasses.asdict(built.rule.outer),
         },
         backend=backend,
+        auto_model_rounds=built.auto_model_rounds,
         **extra,
     )
