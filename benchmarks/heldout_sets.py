@@ -15,10 +15,11 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
 The features are scikit-learn's, MinMax-scaled (digits: pixels / 16; moons: two features; multilabel811: the first
 of make_multilabel_classification's five labels), MNIST's (pixels / 255, read from the data directory: $STLSGD_DATA,
 e.g. ../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1 against 7 and 5 against 6, the train
-split's 3 against 8, and its first 200 of 4 against 7), CIFAR-10's (cifar_vehicles: the data directory's first 200
-train images, pixels / 255, vehicles against animals), or sparse and text-like (sparse17, sparse29, sparse41,
-sparse53, sparse67 and sparse89: 1,500, 1,200, 4,000, 3,000, 2,000 and 2,500 features, 2%, 1%, 0.5%, 0.7%, 1% and
-0.8% of them non-zero, rows of unit length); labels +1 / -1.
+split's 3 against 8, and its first 200 of 4 against 7), CIFAR-10's (the data directory's first 200 train images,
+pixels / 255: cifar_vehicles, vehicles against animals; cifar_catdog, cats and dogs against the rest; cifar_first5,
+classes 0-4 against 5-9; cifar_vehicles_std, vehicles against animals with each pixel standardised), or sparse and
+text-like (sparse17, sparse29, sparse41, sparse53, sparse67 and sparse89: 1,500, 1,200, 4,000, 3,000, 2,000 and 2,500
+features, 2%, 1%, 0.5%, 0.7%, 1% and 0.8% of them non-zero, rows of unit length); labels +1 / -1.
 The registered sets (digits 4/9, mushrooms, w8a, and the test splits of a9a, w8a and MNIST 4/9) need no file:
 their configs name them.
 """
@@ -105,12 +106,18 @@ def _mnist(split: str, pos: int, neg: int, rows: int | None = None) -> Callable[
     return make
 
 
-def _cifar_vehicles() -> Data:
-    """The first 200 CIFAR-10 train images (the data directory's PNG subset): pixels / 255, all 3,072 of them,
-    airplane, automobile, ship and truck against the six animals."""
-    root = resolve_data_dir() / "cifar10" / "train_first200_kaggle"
-    d = cifar10_png(root / "train", root / "trainLabels.csv")
-    return d.X.reshape(len(d.y), -1).astype(float), np.where(np.isin(d.y, (0, 1, 8, 9)), 1, -1)
+def _cifar(positive: tuple[int, ...], standardise: bool = False) -> Callable[[], Data]:
+    """The first 200 CIFAR-10 train images (the data directory's PNG subset): pixels / 255, all 3,072 of them (with
+    ``standardise``, each pixel to mean 0 and standard deviation 1 over the 200), the classes ``positive`` against
+    the rest."""
+
+    def make() -> Data:
+        root = resolve_data_dir() / "cifar10" / "train_first200_kaggle"
+        d = cifar10_png(root / "train", root / "trainLabels.csv")
+        X = d.X.reshape(len(d.y), -1).astype(float)
+        return (X - X.mean(axis=0)) / X.std(axis=0) if standardise else X, np.where(np.isin(d.y, positive), 1, -1)
+
+    return make
 
 
 def _sparse(seed: int, n: int, d: int, density: float, flip: float) -> Callable[[], Data]:
@@ -201,8 +208,11 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "digits23": (_digits(lambda t: t == 2, (2, 3)), 8),
     "classification907": (_classification(907, 7000, 45, 9, 0.02, weights=[0.7, 0.3], class_sep=0.6), 16),
     "classification964": (_classification(964, 12800, 30, 10, 0.03), 64),
-    "cifar_vehicles": (_cifar_vehicles, 8),
+    "cifar_vehicles": (_cifar((0, 1, 8, 9)), 8),
     "mnist47_200": (_mnist("train", 4, 7, rows=200), 8),
+    "cifar_catdog": (_cifar((3, 5)), 8),
+    "cifar_first5": (_cifar((0, 1, 2, 3, 4)), 8),
+    "cifar_vehicles_std": (_cifar((0, 1, 8, 9), standardise=True), 8),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
