@@ -47,7 +47,7 @@ from sklearn.datasets import (
     make_moons,
     make_multilabel_classification,
 )
-from sklearn.preprocessing import MinMaxScaler, normalize
+from sklearn.preprocessing import MinMaxScaler, StandardScaler, normalize
 
 from stlsgd.data import cifar10_png, mnist_binary
 from stlsgd.data.registry import resolve_data_dir
@@ -115,7 +115,7 @@ def _cifar(positive: tuple[int, ...], standardise: bool = False) -> Callable[[],
         root = resolve_data_dir() / "cifar10" / "train_first200_kaggle"
         d = cifar10_png(root / "train", root / "trainLabels.csv")
         X = d.X.reshape(len(d.y), -1).astype(float)
-        return (X - X.mean(axis=0)) / X.std(axis=0) if standardise else X, np.where(np.isin(d.y, positive), 1, -1)
+        return StandardScaler().fit_transform(X) if standardise else X, np.where(np.isin(d.y, positive), 1, -1)
 
     return make
 
