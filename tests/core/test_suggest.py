@@ -454,6 +454,63 @@ def test_the_clients_model_with_control_variates_from_a_rounds_first_steps() -> 
         assert _rounds(noisy, [long] * 3, windows=[1, 20, None], every=1, max_rounds=100) != rounds
 
 
+def test_the_windows_noise_drawn_where_the_run_is_by_hand(tmp_path: Path) -> None:
+    # One client of two 1-D rows, y x = 1 and 3. At x = 0 each sample's loss gradient is -sigma(0) y x = -0.5 and
+    # -1.5; standard normals (1, -1), centred (1, -1): (-0.5 + 1.5) / sqrt(2). At x = ln 3 the weights sigma(-y x x)
+    # are 1/4 and 1/28: (-0.25 + 3/28) / sqrt(2).
+    import scipy.sparse as sp
+
+    m = dataclasses.replace(_clients(0.5, [0.0]), signed_rows=(sp.csr_matrix([[1.0], [3.0]]),))
+    x = np.array([[0.0], [math.log(3.0)]])
+    got = suggest._draws_at(m, x, [np.array([[1.0, -1.0], [1.0, -1.0]])])
+    assert got.shape == (2, 1, 1)
+    assert got[:, 0, 0] == pytest.approx([1.0 / math.sqrt(2.0), (-0.25 + 3.0 / 28.0) / math.sqrt(2.0)], rel=1e-12)
+    # At x*, every client's draws have the covariance of the factor drawn from there (ClientsAtOptimum.spreads):
+    # with the n_c unit vectors as the normals, D^T D = Sigma_c exactly (the centring is a projection).
+    ds = load_dataset("digits49")
+    problem = LogisticRegression(ds.X, ds.y)
+    real = estimate(problem, make_partition(ds.y, 4, "noniid", seed=0), target_gap=1e-4, cache_dir=tmp_path).clients
+    assert real is not None and len(real.signed_rows) == 4
+    for Z, F in zip(real.signed_rows, real.spreads, strict=True):
+        n_c = Z.shape[0]
+        one = dataclasses.replace(real, signed_rows=(Z,))
+        D = suggest._draws_at(one, np.tile(real.x, (n_c, 1)), [np.eye(n_c)])[:, 0, :]
+        assert D.T @ D == pytest.approx(F.T @ F, rel=1e-9, abs=1e-12)
+
+
+def test_a_pick_that_does_not_reach_with_the_noise_where_the_run_is_is_chosen_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Scripted by where the window's noise is drawn: at x* candidate 0 reaches in 5 rounds and candidate 1 in 10 at
+    # every draw; at each round's averaged model candidate 0 reaches at the draws of `late` (None: never) and
+    # candidate 1 in `second`. Where some draw of candidate 0 still reaches there (in 15, under the bar of 20), it
+    # stands, its rounds the model's at x*; where none does, the choice is made again with the noise drawn there:
+    # candidate 1, in 12. Where nothing reaches there, the stationary stages.
+    e = dataclasses.replace(_estimates(num_clients=2, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3]))
+    never = [None] * 5
+    for late, second, chosen, rounds, where in (
+        ([None, None, None, None, 15], [12] * 5, 0, 5, "optimum"),
+        (never, [12] * 5, 1, 12, "iterate"),
+        (never, never, None, None, None),
+    ):
+        script = {"optimum": {0: [5] * 5, 1: [10] * 5}, "iterate": {0: late, 1: second}}
+        rank: dict[tuple[str, int | None], int] = {}
+
+        def run(m, plans, *, every, max_rounds, seeds=0, stop=None, noise_where="optimum", script=script, rank=rank):
+            ranks = [rank.setdefault((repr(p._plan), p.window), len(rank)) for p in plans]
+            got = [script[noise_where].get(j, never)[s] for j, s in zip(ranks, seeds, strict=True)]
+            return [g if g is not None and g <= max_rounds else None for g in got]
+
+        monkeypatch.setattr(suggest, "drift_rounds", run)
+        p = propose(e, eval_every=1, max_iterations=10**9)
+        if chosen is None:
+            assert p["stage_end"] == "stationary" and p["fallback"].startswith("no Local SGD + drift")
+            continue
+        candidate = suggest.drift_candidates(e)[chosen]
+        assert {k: p[k] for k in candidate} == candidate
+        assert (p["model_rounds"], p["noise"]) == (rounds, where)
+
+
 def _scripted(script: dict[int, list[int | None]]):
     """A ``run`` for :func:`fewest_median_rounds` that reads each (candidate, seed)'s rounds from ``script[seed]``
     (None: never) and, like :func:`drift_rounds`, goes round by round and ends where ``stop`` holds; its calls, with
@@ -559,7 +616,7 @@ def test_the_models_choice_stands_up_to_twice_the_stationary_stages_count(monkey
         monkeypatch.setattr(
             suggest,
             "drift_rounds",
-            lambda m, plans, *, every, max_rounds, seeds=0, stop=None, r=reach: (
+            lambda m, plans, *, every, max_rounds, seeds=0, stop=None, noise_where="optimum", r=reach: (
                 [r if r <= max_rounds else None] * len(plans)
             ),
         )
@@ -580,10 +637,11 @@ def test_a_plan_some_draw_of_which_misses_within_the_budget_is_passed_over(monke
     e = dataclasses.replace(_estimates(num_clients=2, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3]))
     for late, chosen, rounds in ((None, 1, 10), (15, 0, 5)):
         script = {0: [5, 5, 5, late, late], 1: [10] * 5}
-        rank: dict[int, int] = {}  # the first call has every candidate, in their order: a PlanRounds' rank is its index
+        # the first call has every candidate, in their order: a plan's rank is its index
+        rank: dict[tuple[str, int | None], int] = {}
 
-        def run(m, plans, *, every, max_rounds, seeds=0, stop=None, script=script, rank=rank):
-            ranks = [rank.setdefault(id(p), len(rank)) for p in plans]
+        def run(m, plans, *, every, max_rounds, seeds=0, stop=None, noise_where="optimum", script=script, rank=rank):
+            ranks = [rank.setdefault((repr(p._plan), p.window), len(rank)) for p in plans]
             got = [script.get(j, [None] * 5)[s] for j, s in zip(ranks, seeds, strict=True)]
             return [g if g is not None and g <= max_rounds else None for g in got]
 
@@ -597,7 +655,7 @@ def _reaching_local(e: Estimates, reach: dict[tuple[int, float], int]):
     """A :func:`drift_rounds` stand-in: Local SGD + drift with option II's control variates reaches in
     ``reach[(k, lr_decay in mu lr)]`` rounds at every draw (within ``max_rounds``), every other plan never."""
 
-    def run(m, plans, *, every, max_rounds, seeds=0, stop=None):
+    def run(m, plans, *, every, max_rounds, seeds=0, stop=None, noise_where="optimum"):
         got = []
         for p in plans:
             plan = p._plan
