@@ -856,8 +856,9 @@ def drift_pick(
     with it drawn there (``"noise": "iterate"`` in what this returns; None where nothing reaches then). Far from x*
     the samples' gradients are larger: on CIFAR-10's pixels the clients' variance at x_0 is 38-50x that at x*, and
     picks that reached in 30-90 rounds in the model ran out their budgets (docs/results/schedules.md, *The window's
-    noise where the run is*). Drawn there for every choice, it moved 13 of 30 other sets' picks, some to plans that
-    took twice the rounds; as a check on the pick it leaves the picks that hold."""
+    noise where the run is*). Blended towards x_0's covariance for every choice, it moved 13 of 30 other sets'
+    picks, some to plans that took twice the rounds; as a check on the pick it left those of 54 of the 57 held-out
+    sets as they were."""
     choose = partial(_choose, e, m, bar, batch, max_iterations, eval_every)
     got, where = choose("optimum"), "optimum"
     if got is not None and not _holds_at_iterate(e, m, got[0], bar, batch, max_iterations, eval_every):
