@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import yaml
 
 from stlsgd.algorithms.baselines import LocalSGD, LocalSGDConfig
@@ -458,8 +459,6 @@ def test_the_windows_noise_drawn_where_the_run_is_by_hand(tmp_path: Path) -> Non
     # One client of two 1-D rows, y x = 1 and 3. At x = 0 each sample's loss gradient is -sigma(0) y x = -0.5 and
     # -1.5; standard normals (1, -1), centred (1, -1): (-0.5 + 1.5) / sqrt(2). At x = ln 3 the weights sigma(-y x x)
     # are 1/4 and 1/28: (-0.25 + 3/28) / sqrt(2).
-    import scipy.sparse as sp
-
     m = dataclasses.replace(_clients(0.5, [0.0]), signed_rows=(sp.csr_matrix([[1.0], [3.0]]),))
     x = np.array([[0.0], [math.log(3.0)]])
     got = suggest._draws_at(m, x, [np.array([[1.0, -1.0], [1.0, -1.0]])])

@@ -320,8 +320,10 @@ def clients_at_optimum(
     G = _sample_gradients(problem, w)[0]
     hs, Vs, gs, noise = [], [], [], []
     factors: list[np.ndarray] = []
+    signed: list[sp.csr_matrix | np.ndarray] = []
     for c in range(partition.num_clients):
         rows = partition.client_rows(c)
+        signed.append(_compact(sp.csr_matrix(sp.diags(problem.y[rows]) @ problem.X[rows])))
         h, V = _row_space(problem.hessian_factor(w, rows), problem.lam)
         gc, spread = _spread(G[rows])
         hs.append(h)
@@ -343,10 +345,7 @@ def clients_at_optimum(
         noise=float(np.mean(noise)),
         spreads=tuple(factors),
         noise_dof=noise_dof(hessian, sum(f.T @ f for f in factors) / len(factors)),
-        signed_rows=tuple(
-            _compact(sp.csr_matrix(sp.diags(problem.y[rows]) @ problem.X[rows]))
-            for rows in map(partition.client_rows, range(partition.num_clients))
-        ),
+        signed_rows=tuple(signed),
     )
 
 
@@ -897,11 +896,17 @@ def _holds_at_iterate(
     """Whether any of DRIFT_DRAWS draws of ``pick`` reaches under ``bar`` with the window's noise drawn at each
     round's averaged model (:func:`drift_pick`). Any, not the median: so drawn, the model is slower than the runs on
     most sets, and MNIST 2/7's test split, whose pick takes 35 rounds at every seed, reaches in 2 of 5 draws."""
-    built = candidate_plans(e, m, [pick], batch, max_iterations)[1]
-    draws = drift_rounds(
-        m, built * DRIFT_DRAWS, every=eval_every, max_rounds=bar - 1, seeds=range(DRIFT_DRAWS), noise_where="iterate"
+    built = candidate_plans(e, m, [pick], batch, max_iterations)[1][0]
+    return any(d is not None for d in _every_draw(m, built, bar, eval_every, "iterate"))
+
+
+def _every_draw(
+    m: ClientsAtOptimum, plan: PlanRounds, bar: int, eval_every: int, noise_where: Literal["optimum", "iterate"]
+) -> list[int | None]:
+    """``plan``'s rounds under ``bar`` at each of DRIFT_DRAWS draws of the window's noise (seeds 0, 1, ...)."""
+    return drift_rounds(
+        m, [plan] * DRIFT_DRAWS, every=eval_every, max_rounds=bar - 1, seeds=range(DRIFT_DRAWS), noise_where=noise_where
     )
-    return any(d is not None for d in draws)
 
 
 def _fewest_reaching(
@@ -948,15 +953,7 @@ def _fewest_reaching(
         # latter's runs were at 1.0-1.2e-4, the plan's under the 1e-4 target), then the candidates' order
         r, tied = best
         i = left[min(tied, key=lambda j: (_steps_to(plans[left[j]], r), built[left[j]].lasts(r, r)[0], j))]
-        draws = drift_rounds(
-            m,
-            [built[i]] * DRIFT_DRAWS,
-            every=eval_every,
-            max_rounds=bar - 1,
-            seeds=range(DRIFT_DRAWS),
-            noise_where=noise_where,
-        )
-        if all(d is not None for d in draws):
+        if all(d is not None for d in _every_draw(m, built[i], bar, eval_every, noise_where)):
             return candidates[i], r
         left.remove(i)
     return None
