@@ -188,6 +188,35 @@ def test_with_diminishing_k_a_stage_also_ends_once_its_returns_diminish() -> Non
     assert isinstance(plan, STLSGDStationary) and (plan.diminishing_k, plan.T1, plan.k1) == (64, 40, 2)
 
 
+def test_with_halvings_eta_stops_halving_and_k_still_grows() -> None:
+    # The first test's objectives and one more stage: stage 2 ends at round 16 (6.5 > 6.0) and stage 3 at round 21
+    # (7.0 > 6.5). With halvings = 1, eta halves once (1 -> 0.5) and stages 3 and 4 keep 0.5; the periods are those of
+    # the plan without it (stage 2 dropped 1.0 - 0.6 = 0.4, under a quarter of stage 1's 9: k stays 4 in stage 3; stage
+    # 3 dropped 0.6 - 0.4 = 0.2, at least a quarter of 0.4: k doubles to 8 in stage 4). With halvings = 0, eta_1
+    # throughout.
+    stage1 = [None, *[11.0 - i for i in range(1, 11)]]
+    objectives = [*stage1, 6.0, 0.9, 0.8, 0.7, 0.6, 6.5, 0.5, 0.4, 0.4, 0.4, 7.0, 0.3]
+    free = drive(STLSGDStationary(lr=1.0, T1=100, k1=2), objectives)
+    assert free == [(1, 2, 1.0)] * 11 + [(2, 4, 0.5)] * 5 + [(3, 4, 0.25)] * 5 + [(4, 8, 0.125)] * 2
+    floored = drive(STLSGDStationary(lr=1.0, T1=100, k1=2, halvings=1), objectives)
+    assert floored == [(1, 2, 1.0)] * 11 + [(2, 4, 0.5)] * 5 + [(3, 4, 0.5)] * 5 + [(4, 8, 0.5)] * 2
+    assert {lr for _, _, lr in drive(STLSGDStationary(lr=1.0, T1=100, k1=2, halvings=0), objectives)} == {1.0}
+    # A stage still never runs past T_s = 2^(s-1) T_1: stage 2 of T_1 = 10 (with k_1 = 2) ends after 20 steps.
+    no_rise = [None, *[10.0 - 0.1 * i for i in range(1, 20)]]
+    assert drive(STLSGDStationary(lr=1.0, T1=10, k1=2, halvings=0), no_rise)[:11] == [(1, 2, 1.0)] * 5 + [
+        (2, 4, 1.0)
+    ] * 5 + [(3, 8, 1.0)]
+    with pytest.raises(ValueError, match="halvings"):
+        STLSGDStationary(lr=1.0, T1=100, k1=2, halvings=-1)
+    with pytest.raises(Exception, match='halvings: only with stage_end = "stationary"'):
+        Experiment.model_validate({"algorithm": {"method": "stl_sc", "lr": 0.5, "k": 2, "halvings": 3}})
+    exp = Experiment.model_validate(
+        {"algorithm": {"method": "stl_sc", "lr": 0.5, "k": 2, "T1": 40, "stage_end": "stationary", "halvings": 3}}
+    )
+    plan = exp.algorithm.plan(PlanContext(num_samples=100, num_clients=4, lam=None, iid=True, max_iterations=500))
+    assert isinstance(plan, STLSGDStationary) and plan.halvings == 3
+
+
 def test_a_capped_period_keeps_the_stationarity_window_in_steps() -> None:
     # The first test's objectives with k_max = 3: stage 2's period would be 4, so its rounds are 3 steps and the test
     # compares objectives ceil(4 / 3) x 5 = 10 rounds apart. Round 16's rise (6.5 > 6.0, 5 rounds on) no longer ends

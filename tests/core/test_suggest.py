@@ -576,6 +576,29 @@ def test_stl_rounds_count_the_halvings_down_to_the_noise() -> None:
     assert stl_rounds(e, 0.0, 1e-3, every=1) == 10  # no noise: one stage
 
 
+def test_the_stationary_stages_stop_halving_where_the_noise_is_under_a_third_of_the_target() -> None:
+    # N = 4, L = 1: eta_1 = 2; the clients' noise 0.3 at a 1e-3 target: eta 4 N target / (3 noise) = 0.01778, and
+    # 2 / 0.01778 = 112.5 = 2^6.81: six halvings leave 0.03125, over it; seven 0.015625, under it.
+    e = dataclasses.replace(_estimates(num_clients=4, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3], noise=0.3))
+    assert suggest.noise_lr(4, 0.3, 1e-3) == pytest.approx(0.016 / 0.9)
+    assert suggest.stationary_halvings(e) == 7
+    assert suggest.stationary_halvings(e, batch=8) == 4  # eta 8x higher: 112.5 / 8 = 2^3.81
+    # no noise, or eta_1 already under it: eta_1 throughout; without the clients' models: no floor
+    assert suggest.stationary_halvings(dataclasses.replace(e, clients=_clients(0.5, [0.3, -0.3]))) == 0
+    assert suggest.stationary_halvings(dataclasses.replace(e, L=1e3)) == 0  # eta_1 = 0.002
+    assert suggest.stationary_halvings(_estimates(num_clients=4, L=1.0, zeta2=0.5)) is None
+    # what auto runs where the clients' model finds no plan (a budget of 10 steps: none fits), and with a network
+    p = propose(e, eval_every=1, max_iterations=10)
+    assert (p["stage_end"], p["halvings"]) == ("stationary", 7)
+    alg = method_config(STLSCConfig(auto=True), p)
+    assert isinstance(alg, STLSCConfig) and alg.halvings == 7
+    plan = alg.plan(PlanContext(num_samples=10_000, num_clients=4, lam=1e-5, iid=False, max_iterations=10))
+    assert plan.stage(8)[0] == plan.stage(9)[0] == 2.0 / 2**7 and plan.stage(7)[0] == 2.0 / 2**6
+    assert "eta halves at most 7 times (halvings), down to 0.01562" in suggest.report(e, p)
+    net = Network(1e-5, 3.2e6, 1e-6, "custom", "test")
+    assert propose(e, net)["halvings"] is None
+
+
 def test_clients_that_differ_get_the_models_choice_where_it_reaches_sooner_than_stationary_stages() -> None:
     # N = 2, L = 1: lr 1/(2L) = 0.5, h = 0.5; every candidate brings the model to the target in its first round
     # (16 steps at 0.5 already: 0.25 exp(-8)^2 ~ 3e-8); then the fewest steps: STL-SGD^sc + drift's k_1 = 16, with
@@ -894,6 +917,7 @@ def test_suggest_prints_the_estimates_and_the_proposal(tmp_path: Path, capsys: p
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\nstage_end = "length"\n', "algorithm.auto: sets stage_end"),
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\nk_max = 64\n', "algorithm.auto: sets k_max itself"),
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\ndiminishing_k = 64\n', "algorithm.auto: sets diminishing_k"),
+        ('[algorithm]\nmethod = "stl_sc"\nauto = true\nhalvings = 3\n', "algorithm.auto: sets halvings itself"),
         ('[algorithm]\nmethod = "stl_sc"\nauto = true\ndrift_share = 0.5\n', "algorithm.auto: sets drift_share"),
         ('[algorithm]\nmethod = "stl_sc"\nnetwork = "lan,step=1us"\n', "algorithm.network: only with auto = true"),
         (

@@ -123,6 +123,11 @@ class STLSGDStationary(STLSGD):
     With ``k_max`` set, a round is at most k_max steps; the period the rule above grows is kept uncapped and the
     test compares across as many steps as it would without the cap (:meth:`_window`).
 
+    With ``halvings`` set, eta halves at most that many times: stage s runs at eta_1 / 2^min(s - 1, halvings),
+    its length and period as before (so stages still end on the test, and k still grows). Halving below the eta
+    whose noise floor is under the target buys nothing at the target, and where the gap left is the slow
+    directions' bias, a smaller eta only slows it (``algorithm.auto`` sets it from the clients' noise at x*).
+
     With ``diminishing_k`` set, a stage whose period is at most that many steps also ends once the objective fell
     by less than ``DIMINISHING_SHARE`` of the stage's drop so far (from the previous stage's lowest) over the
     window: most of what this eta can give is had, and the next halving pays more. Only while the period is
@@ -135,11 +140,20 @@ class STLSGDStationary(STLSGD):
     """
 
     diminishing_k: float | None = None
+    halvings: int | None = None
     name: str = "stl_sc"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive(diminishing_k=self.diminishing_k)
+        if self.halvings is not None and self.halvings < 0:
+            raise ValueError(f"halvings: must be >= 0, got {self.halvings!r}")
+
+    def stage(self, s: int) -> tuple[float | None, int, int]:
+        lr, length, period = super().stage(s)
+        if self.lr is None or self.halvings is None or s - 1 <= self.halvings:
+            return lr, length, period
+        return self.lr / 2.0**self.halvings, length, period  # T_s and k_s go on as Algorithm 2's
 
     @property
     def adaptive(self) -> bool:  # type: ignore[override]
@@ -257,6 +271,13 @@ class STLSCConfig(_Stagewise):
         "the objective's fall over the test's window is under a quarter of the stage's fall so far (unset: off, "
         "or auto's choice)",
     )
+    halvings: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="stationary stages only: eta halves at most this many times, stage s at eta_1 / 2^min(s - 1, "
+        "halvings), their lengths and periods as before (unset: no floor, or auto's choice)",
+    )
     # Unset (None) means off, or auto's choice: so that `drift = false` given with auto is seen, and refused.
     drift: bool | None = Field(  # type: ignore[assignment]
         None,
@@ -283,6 +304,7 @@ class STLSCConfig(_Stagewise):
                 "stage_end",
                 "k_max",
                 "diminishing_k",
+                "halvings",
             )
             if getattr(self, f) != type(self).model_fields[f].default
         )
@@ -290,6 +312,8 @@ class STLSCConfig(_Stagewise):
             raise ValueError(f"auto: sets {', '.join(given)} itself; remove {'it' if len(given) == 1 else 'them'}")
         if self.diminishing_k is not None and self.stage_end != "stationary":
             raise ValueError('diminishing_k: only with stage_end = "stationary" (it ends stationary stages sooner)')
+        if self.halvings is not None and self.stage_end != "stationary":
+            raise ValueError('halvings: only with stage_end = "stationary" (it keeps stationary stages\' eta up)')
         if self.network is not None:
             if not self.auto:
                 raise ValueError("network: only with auto = true (it tells auto what a round and a step cost)")
@@ -307,7 +331,11 @@ class STLSCConfig(_Stagewise):
             if ctx.lam is None:
                 raise ConfigError("algorithm.T1: give T1 or T1_epochs (eta_1 T_1 = 1/lambda needs a logistic lambda)")
             T1 = first_stage_length(self.lr, ctx.lam, self.lr_T1)
-        make = partial(STLSGDStationary, diminishing_k=self.diminishing_k) if self.stage_end == "stationary" else STLSGD
+        make = (
+            partial(STLSGDStationary, diminishing_k=self.diminishing_k, halvings=self.halvings)
+            if self.stage_end == "stationary"
+            else STLSGD
+        )
         return make(lr=self.lr, T1=T1, k1=self.k, iid=self.growth_iid(ctx), batch=self.batch, k_max=self.k_max)
 
 

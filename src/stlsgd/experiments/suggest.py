@@ -52,13 +52,15 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   longer has to be the rounds a stage.
   While the period is at most the budget / DIMINISHING_BUDGET (``diminishing_k``), a stage also ends once its fall
   over the test's window is under a quarter of its fall so far (not with a network: it buys rounds with steps).
+  With the clients' models built, eta halves only until the clients' averaged noise at x* is under a third of the
+  target (``halvings``, :func:`stationary_halvings`); later stages keep that eta and still grow k.
   With a network given (``algorithm.network``, ``stlsgd suggest --network``), every period is capped at
   k_max = NETWORK_CAP q, q = (latency + the bytes a client sends a round / bandwidth) / step the cost of one round
   in client-steps: longer rounds would cut communication, already at most a third of a round's time, and add drift
   steps; in IID data the network changes nothing (a longer period removes rounds without adding steps there).
 
-``auto`` sets lr, k, T1, iid, drift, drift_window, drift_share, stage_end, k_max and diminishing_k itself: any of
-them given beside it is refused (STLSCConfig).
+``auto`` sets lr, k, T1, iid, drift, drift_window, drift_share, stage_end, k_max, diminishing_k and halvings itself:
+any of them given beside it is refused (STLSCConfig).
 
 Measured against each column's grid (docs/results/schedules.md, *Tuning-free default*): the fixed-length rule this
 replaces (R = 64 sqrt(1 + 4 zeta^2/sigma^2) rounds a stage) spent 775 rounds on a9a Non-IID and 655 on MNIST
@@ -613,9 +615,30 @@ def stl_rounds(e: Estimates, noise: float, target_gap: float, every: int, batch:
     """The rounds STL-SGD^sc + drift (``auto``'s stationary stages) spends at least, by a count, not a model: the
     stages that halve eta_1 = N/(2L) down to where the N clients' averaged noise, eta noise / (4 N batch), is a
     third of the target, at two windows of the stationarity test a stage."""
-    lr_noise = 4.0 * e.num_clients * batch * target_gap / (3.0 * noise) if noise > 0 else math.inf
+    lr_noise = noise_lr(e.num_clients, noise, target_gap, batch)
     stages = max(math.ceil(math.log2(e.num_clients / (2.0 * e.L) / lr_noise)), 1) if lr_noise < math.inf else 1
     return 2 * max(every, STATIONARY_WINDOW) * stages
+
+
+def noise_lr(num_clients: int, noise: float, target_gap: float, batch: int = 1) -> float:
+    """The lr at which the N clients' averaged noise, eta noise / (4 N batch), is a third of the target (inf
+    without noise)."""
+    return 4.0 * num_clients * batch * target_gap / (3.0 * noise) if noise > 0 else math.inf
+
+
+def stationary_halvings(e: Estimates, batch: int = 1) -> int | None:
+    """The fewest halvings of the stationary stages' eta_1 = N/(2L) that take it under :func:`noise_lr` with the
+    clients' own noise at x* (:attr:`ClientsAtOptimum.noise`), at which ``auto`` stops halving it; None without the
+    clients' models. Below that eta the averaged noise is under a third of the target, and what is left of the gap is
+    bias, which a smaller eta only slows: on CIFAR-10 cats and dogs (seed 1) the stages took eta on to a quarter of
+    it, the gap still 13x the target at half of it, and ran out the budget (docs/results/schedules.md, *A floor on
+    the stationary stages' eta*)."""
+    if e.clients is None:
+        return None
+    lr_noise = noise_lr(e.num_clients, e.clients.noise, e.clients.target_gap, batch)
+    if lr_noise == math.inf:
+        return 0
+    return max(math.floor(math.log2(e.num_clients / (2.0 * e.L) / lr_noise)) + 1, 0)
 
 
 def estimate(
@@ -825,6 +848,7 @@ def propose(
         "diminishing_k": None
         if network is not None or max_iterations is None
         else max(max_iterations // DIMINISHING_BUDGET, 1),
+        "halvings": stationary_halvings(e, batch) if network is None else None,
         "rounds_per_stage": math.ceil(T1 / k),
         "fallback": fallback,
     }
@@ -1152,6 +1176,12 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
                 f"; while k <= diminishing_k = {proposal['diminishing_k']} (the budget / {DIMINISHING_BUDGET}), a "
                 "stage also ends once its fall over five rounds is under a quarter of its fall so far"
             )
+        if proposal.get("halvings") is not None:
+            h = proposal["halvings"]
+            rule += (
+                f"; eta halves at most {h} times (halvings), down to {proposal['lr'] / 2.0**h:.4g}, where the clients' "
+                "averaged noise at x* is under a third of the target"
+            )
         if proposal["k_max"] is not None:
             rule += (
                 f", every period at most k_max = {proposal['k_max']} ({NETWORK_CAP} x the client-steps a round's "
@@ -1257,11 +1287,13 @@ __all__ = [
     "model_gap",
     "one_round",
     "neighbours",
+    "noise_lr",
     "plan_rounds",
     "propose",
     "proposal_for",
     "report",
     "round_in_steps",
+    "stationary_halvings",
     "stl_rounds",
     "theorem2",
     "whole_rounds",
