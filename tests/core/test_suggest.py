@@ -285,6 +285,32 @@ def test_plans_of_several_seeds_in_chunks_count_as_each_alone(tmp_path: Path, mo
     assert ended == [r if r == first else None for r in together]
 
 
+def test_noise_drawn_where_the_run_is_counts_in_chunks_as_each_plan_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same digits 4/9 clients with the window's noise drawn at each plan's averaged model: each chunk's arrays
+    # and the round's draws are held from round to round, so plans in chunks of two, some leaving on the way, must
+    # count what each counts at its seed alone. At seeds 1 and 2 the draws there move the counts from those at x*.
+    ds = load_dataset("digits49")
+    problem = LogisticRegression(ds.X, ds.y)
+    m = estimate(problem, make_partition(ds.y, 8, "noniid", seed=0), target_gap=1e-4, cache_dir=tmp_path).clients
+    assert m is not None and m.signed_rows
+    plans = [LocalSGD(lr=0.19, k=k, lr_decay=1e-3) for k in (64, 1024, 16384)]
+    windows = [256, None, 256]
+    kw = {"every": 5, "max_rounds": 200}
+    alone = {
+        s: [_rounds(m, [p], [w], seeds=s, noise_where="iterate", **kw)[0] for p, w in zip(plans, windows, strict=True)]
+        for s in (1, 2)
+    }
+    assert all(r is not None for rounds in alone.values() for r in rounds)
+    assert all(alone[s] != _rounds(m, plans, windows, seeds=s, **kw) for s in (1, 2))
+    pairs = [(j, s) for s in (2, 1) for j in range(3)]
+    monkeypatch.setattr(suggest, "CHUNK_ENTRIES", 2 * 8 * 64)
+    built = plan_rounds(m, plans, windows)
+    together = drift_rounds(m, [built[j] for j, _ in pairs], seeds=[s for _, s in pairs], noise_where="iterate", **kw)
+    assert together == [alone[s][j] for j, s in pairs]
+
+
 def test_clients_models_too_large_to_build_are_skipped_and_the_fallback_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -462,8 +488,8 @@ def test_the_windows_noise_drawn_where_the_run_is_by_hand(tmp_path: Path) -> Non
     m = dataclasses.replace(_clients(0.5, [0.0]), signed_rows=(sp.csr_matrix([[1.0], [3.0]]),))
     x = np.array([[0.0], [math.log(3.0)]])
     got = suggest._draws_at(m, x, [np.array([[1.0, -1.0], [1.0, -1.0]])])
-    assert got.shape == (2, 1, 1)
-    assert got[:, 0, 0] == pytest.approx([1.0 / math.sqrt(2.0), (-0.25 + 3.0 / 28.0) / math.sqrt(2.0)], rel=1e-12)
+    assert got.shape == (1, 2, 1)  # (clients, points, d)
+    assert got[0, :, 0] == pytest.approx([1.0 / math.sqrt(2.0), (-0.25 + 3.0 / 28.0) / math.sqrt(2.0)], rel=1e-12)
     # At x*, every client's draws have the covariance of the factor drawn from there (ClientsAtOptimum.spreads):
     # with the n_c unit vectors as the normals, D^T D = Sigma_c exactly (the centring is a projection).
     ds = load_dataset("digits49")
@@ -473,7 +499,7 @@ def test_the_windows_noise_drawn_where_the_run_is_by_hand(tmp_path: Path) -> Non
     for Z, F in zip(real.signed_rows, real.spreads, strict=True):
         n_c = Z.shape[0]
         one = dataclasses.replace(real, signed_rows=(Z,))
-        D = suggest._draws_at(one, np.tile(real.x, (n_c, 1)), [np.eye(n_c)])[:, 0, :]
+        D = suggest._draws_at(one, np.tile(real.x, (n_c, 1)), [np.eye(n_c)])[0]
         assert D.T @ D == pytest.approx(F.T @ F, rel=1e-9, abs=1e-12)
 
 

@@ -390,12 +390,20 @@ def _misses_from(m: ClientsAtOptimum, plan: PlanRounds, max_rounds: int, every: 
 
 
 def _moved(
-    m: ClientsAtOptimum, e: np.ndarray, g: np.ndarray, ue: np.ndarray, ug: np.ndarray, sums: np.ndarray
+    m: ClientsAtOptimum,
+    e: np.ndarray,
+    g: np.ndarray,
+    ue: np.ndarray,
+    ug: np.ndarray,
+    sums: np.ndarray,
+    out: np.ndarray | None = None,
+    scratch: np.ndarray | None = None,
 ) -> np.ndarray:
     """Each client's model minus x* (N, P, d) after steps whose lr sums are ``sums`` (3, P), from ``e`` (P, d), the
     average's error, with ``g`` (N, P, d), its fixed point's gradient term; ``ue`` and ``ug`` are both in the
     clients' bases (N, P, r) (:func:`drift_rounds`). Along curvature h the error shrinks by s(h) = exp(-h S1 -
-    h^2 S2 / 2 - h^3 S3 / 3) and g pulls by (1 - s(h)) / h: outside the bases h = lam, inside the difference."""
+    h^2 S2 / 2 - h^3 S3 / 3) and g pulls by (1 - s(h)) / h: outside the bases h = lam, inside the difference.
+    Written into ``out`` (N, P, d), with ``scratch`` of that shape for a product, where given."""
     S1, S2, S3 = (s[None, :, None] for s in sums)
 
     def shrink_pull(h: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:  # h > 0: lam > 0 (Eq. 8)
@@ -405,7 +413,11 @@ def _moved(
     s_h, p_h = shrink_pull(m.curvatures[:, None, :])  # (N, P, r)
     s_l, p_l = shrink_pull(m.lam)  # (1, P, 1)
     inside = (s_h - s_l) * ue - (p_h - p_l) * ug
-    return s_l * e[None] - p_l * g + np.matmul(inside, m.bases.transpose(0, 2, 1))
+    # s_l e - p_l g + inside V^T, in place: each (N, P, d) temporary is memory's time on CIFAR-10's pixels
+    out = np.multiply(p_l, g, out=out)
+    np.subtract(s_l * e[None], out, out=out)
+    out += np.matmul(inside, m.bases.transpose(0, 2, 1), out=scratch)
+    return out
 
 
 class RoundSums(NamedTuple):
@@ -549,6 +561,11 @@ def drift_rounds(
     missed = np.ones(len(live))  # the chance that no evaluation so far was under the target
     chunk = max(CHUNK_ENTRIES // (n * d), 1)
     at_iterate = noise_where == "iterate" and bool(m.signed_rows)
+    # A chunk's five (N, P, d) arrays, and the round's draws at the iterates, are held from round to round:
+    # allocated anew each time, their pages cost the kernel about 21 of the 30 system seconds of a proposal on
+    # CIFAR-10's pixels (docs/results/schedules.md, *The clients' model's steps in place*).
+    space = np.empty((5, n * min(chunk, len(live)) * d))
+    draw_space = np.empty(n * len(live) * d if at_iterate else 0)
     for r in range(1, max_rounds + 1):
         keep = np.ones(len(live), dtype=bool)
         for i, j in enumerate(live.tolist()):
@@ -562,28 +579,40 @@ def drift_rounds(
         if not len(live):
             break
         draws = None
-        if at_iterate:  # (P, N, d): each plan's N(0, Sigma_c(x)) at its own averaged model x
+        if at_iterate:  # (N, P, d): each plan's N(0, Sigma_c(x)) at its own averaged model x
             normals = [[rng.standard_normal(Z.shape[0]) for Z in m.signed_rows] for rng in rngs]
-            draws = _draws_at(m, m.x + e, [np.array([normals[k][c] for k in draw_of[live]]) for c in range(n)])
-        elif m.spreads:  # (seeds, N, d): each seed's N(0, Sigma_c) for every client
+            draws = _draws_at(
+                m,
+                m.x + e,
+                [np.array([normals[k][c] for k in draw_of[live]]) for c in range(n)],
+                draw_space[: e.size * n].reshape(n, *e.shape),
+            )
+        elif m.spreads:  # (N, seeds, d): each seed's N(0, Sigma_c) for every client
             draws = np.array([[f.T @ rng.standard_normal(f.shape[0]) for f in m.spreads] for rng in rngs])
+            draws = draws.transpose(1, 0, 2)
         for a in range(0, len(live), chunk):
             at = live[a : a + chunk]
             ctrl, ea = control[:, a : a + chunk], e[a : a + chunk]
-            delta = ctrl.mean(axis=0) - ctrl  # (N, P, d)
-            g = m.gradients[:, None, :] + delta
+            delta, g, moved, measured, scratch = (s[: ctrl.size].reshape(ctrl.shape) for s in space)  # (N, P, d)
+            np.subtract(ctrl.mean(axis=0), ctrl, out=delta)
+            np.add(m.gradients[:, None, :], delta, out=g)
             ue, ug = np.matmul(ea, m.bases), np.matmul(g, m.bases)  # both in client c's basis: (N, P, r)
-            moved = _moved(m, ea, g, ue, ug, sums[:, at])
-            measured = moved  # where each plan's control variates are read: its window's end, else the round's
+            _moved(m, ea, g, ue, ug, sums[:, at], moved, scratch)
+            # where each plan's control variates are read: its window's end, else the round's
             w = windowed[at]
-            if w.any():
-                measured = moved.copy()
-                measured[:, w] = _moved(m, ea[w], g[:, w], ue[:, w], ug[:, w], wsums[:, at[w]])
-            ctrl = -delta + (ea[None] - measured) / wsums[0, at][None, :, None]
+            if w.all():
+                _moved(m, ea, g, ue, ug, wsums[:, at], measured, scratch)
+            else:
+                np.copyto(measured, moved)
+                if w.any():
+                    measured[:, w] = _moved(m, ea[w], g[:, w], ue[:, w], ug[:, w], wsums[:, at[w]])
+            # the new control variates, -delta + (x - y_c) / S1 (+ the window's noise), written into control
+            np.subtract(ea[None], measured, out=measured)
+            measured /= wsums[0, at][None, :, None]
+            np.subtract(measured, delta, out=ctrl)
             if draws is not None:
-                rows = np.arange(a, a + len(at)) if at_iterate else draw_of[at]
-                ctrl += draws[rows].transpose(1, 0, 2) * np.sqrt(WINDOW_NOISE / samples[at])[None, :, None]
-            control[:, a : a + chunk] = ctrl
+                rows = slice(a, a + len(at)) if at_iterate else draw_of[at]
+                ctrl += np.multiply(draws[:, rows], np.sqrt(WINDOW_NOISE / samples[at])[None, :, None], out=scratch)
             e[a : a + chunk] = moved.mean(axis=0)
         if r % every:
             continue
@@ -600,15 +629,19 @@ def drift_rounds(
     return reached
 
 
-def _draws_at(m: ClientsAtOptimum, x: np.ndarray, normals: list[np.ndarray]) -> np.ndarray:
-    """(P, N, d): at each of P points ``x`` (P, d), each client's draw of N(0, Sigma_c(x)), its single-sample
+def _draws_at(
+    m: ClientsAtOptimum, x: np.ndarray, normals: list[np.ndarray], out: np.ndarray | None = None
+) -> np.ndarray:
+    """(N, P, d): at each of P points ``x`` (P, d), each client's draw of N(0, Sigma_c(x)), its single-sample
     gradient covariance there, from ``normals[c]`` (P, n_c) standard normals: sum_i (z_i - mean z) g_i(x) /
-    sqrt(n_c), whose covariance is Sigma_c(x) (the L2 term, the same for every sample, drops out)."""
-    out = []
-    for Z, z in zip(m.signed_rows, normals, strict=True):
+    sqrt(n_c), whose covariance is Sigma_c(x) (the L2 term, the same for every sample, drops out). Written into
+    ``out`` where given."""
+    out = np.empty((len(m.signed_rows), *x.shape)) if out is None else out
+    for c, (Z, z) in enumerate(zip(m.signed_rows, normals, strict=True)):
         weights = _expit(-(Z @ x.T)) * (z - z.mean(axis=1, keepdims=True)).T  # (n_c, P)
-        out.append(-(Z.T @ weights).T / math.sqrt(Z.shape[0]))
-    return np.array(out).transpose(1, 0, 2)
+        np.negative((Z.T @ weights).T, out=out[c])
+        out[c] /= math.sqrt(Z.shape[0])
+    return out
 
 
 def stl_rounds(e: Estimates, noise: float, target_gap: float, every: int, batch: int = 1) -> int:
