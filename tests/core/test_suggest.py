@@ -225,6 +225,21 @@ def test_the_models_at_the_optimum_are_built_only_with_a_target(tmp_path: Path) 
         assert no_target.optimum is None and no_target.clients is None
 
 
+def _digits49_plans() -> tuple[list[LocalSGD], list[int | None]]:
+    """Three Local SGD + drift plans for digits 4/9's 8 label-sorted clients (lr 1 / (2L): L = 2.65), and their
+    windows: the first and the last read their control variates from each round's first 256 steps."""
+    return [LocalSGD(lr=0.19, k=k, lr_decay=1e-3) for k in (64, 1024, 16384)], [256, None, 256]
+
+
+def _digits49_clients(cache_dir: Path) -> ClientsAtOptimum:
+    """The clients' models of digits 4/9 on 8 label-sorted clients."""
+    ds = load_dataset("digits49")
+    partition = make_partition(ds.y, 8, "noniid", seed=0)
+    m = estimate(LogisticRegression(ds.X, ds.y), partition, target_gap=1e-4, cache_dir=cache_dir).clients
+    assert m is not None
+    return m
+
+
 def test_the_clients_thin_bases_move_as_their_full_eigenbases(tmp_path: Path) -> None:
     # 8 label-sorted clients of digits 4/9: about 45 rows each against d = 64, so each basis is thinner than d. The
     # same model with every client's whole d x d eigenbasis (numpy's eigh of its Hessian) moves the same and
@@ -246,8 +261,7 @@ def test_the_clients_thin_bases_move_as_their_full_eigenbases(tmp_path: Path) ->
         ue, ug = (np.einsum("ndr,npd->npr", m.bases, v) for v in (np.broadcast_to(e[None], g.shape), g))
         moves.append(suggest._moved(m, e, g, ue, ug, sums))
     assert moves[0] == pytest.approx(moves[1], rel=1e-9, abs=1e-12)
-    plans = [LocalSGD(lr=0.19, k=k, lr_decay=1e-3) for k in (64, 1024, 16384)]  # lr 1 / (2L): L = 2.65
-    windows = [256, None, 256]
+    plans, windows = _digits49_plans()
     rounds = [_rounds(m, plans, windows, every=5, max_rounds=200, seeds=1) for m in (thin, full)]
     assert rounds[0] == rounds[1] and all(r is not None for r in rounds[0])
 
@@ -256,12 +270,9 @@ def test_plans_of_several_seeds_in_chunks_count_as_each_alone(tmp_path: Path, mo
     # digits 4/9's 8 label-sorted clients, the control variates' noise drawn: three plans at three seeds in one
     # call, two plans a chunk, count the rounds each plan counts at its seed alone; a plan that reaches or stops
     # early leaves the others as they were.
-    ds = load_dataset("digits49")
-    problem = LogisticRegression(ds.X, ds.y)
-    m = estimate(problem, make_partition(ds.y, 8, "noniid", seed=0), target_gap=1e-4, cache_dir=tmp_path).clients
-    assert m is not None and m.spreads
-    plans = [LocalSGD(lr=0.19, k=k, lr_decay=1e-3) for k in (64, 1024, 16384)]
-    windows = [256, None, 256]
+    m = _digits49_clients(tmp_path)
+    assert m.spreads
+    plans, windows = _digits49_plans()
     alone = {s: _rounds(m, plans, windows, every=5, max_rounds=200, seeds=s) for s in (0, 1, 2)}
     assert all(r is not None for rounds in alone.values() for r in rounds)
     assert len({tuple(rounds) for rounds in alone.values()}) > 1  # the seeds' draws differ
@@ -291,12 +302,9 @@ def test_noise_drawn_where_the_run_is_counts_in_chunks_as_each_plan_alone(
     # The same digits 4/9 clients with the window's noise drawn at each plan's averaged model: each chunk's arrays
     # and the round's draws are held from round to round, so plans in chunks of two, some leaving on the way, must
     # count what each counts at its seed alone. At seeds 1 and 2 the draws there move the counts from those at x*.
-    ds = load_dataset("digits49")
-    problem = LogisticRegression(ds.X, ds.y)
-    m = estimate(problem, make_partition(ds.y, 8, "noniid", seed=0), target_gap=1e-4, cache_dir=tmp_path).clients
-    assert m is not None and m.signed_rows
-    plans = [LocalSGD(lr=0.19, k=k, lr_decay=1e-3) for k in (64, 1024, 16384)]
-    windows = [256, None, 256]
+    m = _digits49_clients(tmp_path)
+    assert m.signed_rows
+    plans, windows = _digits49_plans()
     kw = {"every": 5, "max_rounds": 200}
     alone = {
         s: [_rounds(m, [p], [w], seeds=s, noise_where="iterate", **kw)[0] for p, w in zip(plans, windows, strict=True)]
