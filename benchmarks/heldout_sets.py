@@ -213,6 +213,10 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "cifar_catdog": (_cifar((3, 5)), 8),
     "cifar_first5": (_cifar((0, 1, 2, 3, 4)), 8),
     "cifar_vehicles_std": (_cifar((0, 1, 8, 9), standardise=True), 8),
+    "classification1203": (_classification(1203, 6000, 30, 6, 0.03, n_redundant=4, class_sep=0.8), 16),
+    "classification1204": (_classification(1204, 9000, 70, 20, 0.01, weights=[0.6, 0.4]), 24),
+    "digits47": (_digits(lambda t: t == 4, (4, 7)), 8),
+    "mnist69_test": (_mnist("t10k", 6, 9), 8),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
