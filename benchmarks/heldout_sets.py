@@ -12,10 +12,10 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
 
     .venv/bin/stlsgd sweep OUT/parity.sweep.yaml --data-dir ../shared/data --jobs 2 --out OUT/parity_grid
 
-The features are scikit-learn's, MinMax-scaled (digits: pixels / 16; moons: two features; multilabel811: the first
-of make_multilabel_classification's five labels), MNIST's (pixels / 255, read from the data directory: $STLSGD_DATA,
-e.g. ../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1 against 7 and 5 against 6, the train
-split's 3 against 8, and its first 200 of 4 against 7), CIFAR-10's (the data directory's first 200 train images,
+The features are scikit-learn's, MinMax-scaled (digits: pixels / 16; moons: two features; multilabel811: the first of
+make_multilabel_classification's five labels), MNIST's (pixels / 255, read from the data directory: $STLSGD_DATA, e.g.
+../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1 against 7, 5 against 6 and 6 against 9, the
+train split's 3 against 8, and its first 200 of 4 against 7), CIFAR-10's (the data directory's first 200 train images,
 pixels / 255: cifar_vehicles, vehicles against animals; cifar_catdog, cats and dogs against the rest; cifar_first5,
 classes 0-4 against 5-9; cifar_vehicles_std, vehicles against animals with each pixel standardised), or sparse and
 text-like (sparse17, sparse29, sparse41, sparse53, sparse67 and sparse89: 1,500, 1,200, 4,000, 3,000, 2,000 and 2,500
