@@ -12,7 +12,8 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
 
     .venv/bin/stlsgd sweep OUT/parity.sweep.yaml --data-dir ../shared/data --jobs 2 --out OUT/parity_grid
 
-The features are scikit-learn's, MinMax-scaled (digits: pixels / 16; moons: two features; multilabel811: the first of
+The features are scikit-learn's, MinMax-scaled (digits: pixels / 16; digits_primes: 2, 3, 5 and 7 against the rest;
+moons: two features; iris_vv: iris's versicolor against virginica, 100 rows; multilabel811: the first of
 make_multilabel_classification's five labels), MNIST's (pixels / 255, read from the data directory: $STLSGD_DATA, e.g.
 ../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1 against 7, 5 against 6 and 6 against 9, the
 train split's 3 against 8, and its first 200 of 4 against 7), CIFAR-10's (the data directory's first 200 train images,
@@ -39,6 +40,7 @@ from sklearn.datasets import (
     dump_svmlight_file,
     load_breast_cancer,
     load_digits,
+    load_iris,
     load_wine,
     make_blobs,
     make_classification,
@@ -149,6 +151,12 @@ def _quantiles() -> Data:
     return _scaled(X, 2 * y - 1)
 
 
+def _iris() -> Data:
+    i = load_iris()
+    rows = i.target > 0  # versicolor against virginica: the pair that overlaps
+    return _scaled(i.data[rows], np.where(i.target[rows] == 1, 1, -1))
+
+
 def _blobs() -> Data:
     X, y = make_blobs(n_samples=5000, centers=2, n_features=20, cluster_std=6.0, random_state=3)
     return _scaled(X, 2 * y - 1)
@@ -217,6 +225,9 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "classification1204": (_classification(1204, 9000, 70, 20, 0.01, weights=[0.6, 0.4]), 24),
     "digits47": (_digits(lambda t: t == 4, (4, 7)), 8),
     "mnist69_test": (_mnist("t10k", 6, 9), 8),
+    "iris_vv": (_iris, 8),
+    "digits_primes": (_digits(lambda t: np.isin(t, (2, 3, 5, 7))), 8),
+    "classification1205": (_classification(1205, 10000, 50, 14, 0.02, n_redundant=6, class_sep=0.9), 32),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
