@@ -13,15 +13,15 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
     .venv/bin/stlsgd sweep OUT/parity.sweep.yaml --data-dir ../shared/data --jobs 2 --out OUT/parity_grid
 
 The features are scikit-learn's, MinMax-scaled (digits: pixels / 16; digits_primes: 2, 3, 5 and 7 against the rest;
-moons: two features; iris_vv: iris's versicolor against virginica, 100 rows; multilabel811: the first of
-make_multilabel_classification's five labels), MNIST's (pixels / 255, read from the data directory: $STLSGD_DATA, e.g.
-../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1 against 7, 5 against 6 and 6 against 9, the
-train split's 3 against 8, its first 200 of 4 against 7 and its first 2,000 of 1 against 7), CIFAR-10's (the data
-directory's first 200 train images, pixels / 255: cifar_vehicles, vehicles against animals; cifar_catdog, cats and dogs
-against the rest; cifar_first5, classes 0-4 against 5-9; cifar_vehicles_std, vehicles against animals with each pixel
-standardised), or sparse and text-like (sparse17, sparse29, sparse41, sparse53, sparse67 and sparse89: 1,500, 1,200,
-4,000, 3,000, 2,000 and 2,500 features, 2%, 1%, 0.5%, 0.7%, 1% and 0.8% of them non-zero, rows of unit length);
-labels +1 / -1.
+moons: two features; iris_vv: iris's versicolor against virginica, 100 rows; wine_first: wine's first cultivar against
+the other two; multilabel811: the first of make_multilabel_classification's five labels), MNIST's (pixels / 255, read
+from the data directory: $STLSGD_DATA, e.g. ../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1
+against 7, 5 against 6 and 6 against 9, the train split's 3 against 8, its first 200 of 4 against 7 and its first 2,000
+of 1 against 7), CIFAR-10's (the data directory's first 200 train images, pixels / 255: cifar_vehicles, vehicles against
+animals; cifar_catdog, cats and dogs against the rest; cifar_first5, classes 0-4 against 5-9; cifar_vehicles_std,
+vehicles against animals with each pixel standardised), or sparse and text-like (sparse17, sparse29, sparse41, sparse53,
+sparse67 and sparse89: 1,500, 1,200, 4,000, 3,000, 2,000 and 2,500 features, 2%, 1%, 0.5%, 0.7%, 1% and 0.8% of them
+non-zero, rows of unit length); labels +1 / -1.
 The registered sets (digits 4/9, mushrooms, w8a, and the test splits of a9a, w8a and MNIST 4/9) need no file:
 their configs name them.
 """
@@ -90,6 +90,11 @@ def _breast_cancer() -> Data:
 def _wine() -> Data:
     w = load_wine()
     return _scaled(w.data, np.where(w.target == 1, 1, -1))
+
+
+def _wine_first() -> Data:
+    w = load_wine()
+    return _scaled(w.data, np.where(w.target == 0, 1, -1))
 
 
 def _hastie() -> Data:
@@ -233,6 +238,9 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "classification1207": (_classification(1207, 8000, 40, 12, 0.03), 16),
     "digits18": (_digits(lambda t: t == 1, (1, 8)), 8),
     "mnist17_train2000": (_mnist("train", 1, 7, rows=2000), 16),
+    "digits35": (_digits(lambda t: t == 3, (3, 5)), 8),
+    "digits09": (_digits(lambda t: t == 0, (0, 9)), 8),
+    "wine_first": (_wine_first, 8),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
