@@ -87,14 +87,14 @@ def _breast_cancer() -> Data:
     return _scaled(b.data, 2 * b.target - 1)
 
 
-def _wine() -> Data:
-    w = load_wine()
-    return _scaled(w.data, np.where(w.target == 1, 1, -1))
+def _wine(cultivar: int) -> Callable[[], Data]:
+    """scikit-learn's wine, ``cultivar`` against the other two."""
 
+    def make() -> Data:
+        w = load_wine()
+        return _scaled(w.data, np.where(w.target == cultivar, 1, -1))
 
-def _wine_first() -> Data:
-    w = load_wine()
-    return _scaled(w.data, np.where(w.target == 0, 1, -1))
+    return make
 
 
 def _hastie() -> Data:
@@ -171,7 +171,7 @@ def _blobs() -> Data:
 #: name -> (how the set is made, clients)
 SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "breast_cancer": (_breast_cancer, 8),
-    "wine": (_wine, 8),
+    "wine": (_wine(1), 8),
     "digits38": (_digits(lambda t: t == 3, (3, 8)), 8),
     "digits17": (_digits(lambda t: t == 1, (1, 7)), 8),
     "digits25": (_digits(lambda t: t == 2, (2, 5)), 8),
@@ -240,7 +240,7 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "mnist17_train2000": (_mnist("train", 1, 7, rows=2000), 16),
     "digits35": (_digits(lambda t: t == 3, (3, 5)), 8),
     "digits09": (_digits(lambda t: t == 0, (0, 9)), 8),
-    "wine_first": (_wine_first, 8),
+    "wine_first": (_wine(0), 8),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
