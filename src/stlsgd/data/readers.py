@@ -216,7 +216,7 @@ def _scan_svmlight(path: Path, n_features: int | None) -> Iterator[tuple[int, st
                     yield lineno, f"malformed svmlight line: token {_show(features[0])} is not index:value"
                     continue
                 features = features[1:]
-            last = 0
+            last = -1
             for tok in features:
                 key, sep, val = tok.partition(b":")
                 if not sep:
@@ -230,8 +230,8 @@ def _scan_svmlight(path: Path, n_features: int | None) -> Iterator[tuple[int, st
                     else:
                         yield lineno, f"malformed svmlight line: token {_show(tok)} is not index:value"
                     break
-                if idx < 1:
-                    yield lineno, f"malformed svmlight line: feature index {idx} < 1 (LIBSVM indices start at 1)"
+                if idx < 0:
+                    yield lineno, f"malformed svmlight line: negative feature index {idx}"
                     break
                 if idx > limit:
                     if n_features is not None:
@@ -268,6 +268,9 @@ def read_svmlight(
 ) -> Dataset:
     """Read a two-class LIBSVM/svmlight file (plain, .gz or .bz2); labels become -1/+1 (larger -> +1).
 
+    Indices start at 1 (LIBSVM's convention) unless some line holds index 0: then the file is read as 0-based, as
+    scikit-learn's ``dump_svmlight_file`` writes by default (and ``load_svmlight_file`` reads by default).
+
     Without ``n_features`` the file may use feature indices up to :data:`MAX_FEATURES` (2^24; see there why);
     with it, indices up to ``n_features`` (at most :data:`INDEX_LIMIT`). A compressed file is first inflated
     as a stream and refused when it holds more than ``max_lines`` lines (a registered dataset's declared rows)
@@ -282,8 +285,8 @@ def read_svmlight(
     _require_file(path, "an svmlight file")
     _check_inflated(path, max_lines)
     try:
-        # zero_based=False: LIBSVM indices start at 1, and "auto" would silently shift a file with no column 1.
-        X, y = load_svmlight_file(str(path), n_features=n_features, dtype=np.float64, zero_based=False)
+        # "auto": an index 0 can only mean a 0-based file; without one, 1-based is the only reading LIBSVM allows.
+        X, y = load_svmlight_file(str(path), n_features=n_features, dtype=np.float64, zero_based="auto")
     except (*_GZIP_ERRORS, OSError) as err:
         raise _unreadable(path, err) from None
     except (ValueError, OverflowError) as err:  # OverflowError: an index beyond sklearn's C int
