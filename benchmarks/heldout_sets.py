@@ -12,16 +12,18 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
 
     .venv/bin/stlsgd sweep OUT/parity.sweep.yaml --data-dir ../shared/data --jobs 2 --out OUT/parity_grid
 
-The features are scikit-learn's, MinMax-scaled (digits: pixels / 16; digits_primes: 2, 3, 5 and 7 against the rest;
-moons: two features; iris_vv: iris's versicolor against virginica, 100 rows; wine_first: wine's first cultivar against
-the other two; multilabel811: the first of make_multilabel_classification's five labels), MNIST's (pixels / 255, read
-from the data directory: $STLSGD_DATA, e.g. ../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1
-against 7, 5 against 6 and 6 against 9, the train split's 3 against 8, its first 200 of 4 against 7 and its first 2,000
-of 1 against 7), CIFAR-10's (the data directory's first 200 train images, pixels / 255: cifar_vehicles, vehicles against
-animals; cifar_catdog, cats and dogs against the rest; cifar_first5, classes 0-4 against 5-9; cifar_vehicles_std,
-vehicles against animals with each pixel standardised), or sparse and text-like (sparse17, sparse29, sparse41, sparse53,
-sparse67 and sparse89: 1,500, 1,200, 4,000, 3,000, 2,000 and 2,500 features, 2%, 1%, 0.5%, 0.7%, 1% and 0.8% of them
-non-zero, rows of unit length); labels +1 / -1.
+The features are scikit-learn's, MinMax-scaled (those named _std standardised instead, each feature to mean 0 and
+standard deviation 1; digits: pixels / 16; digits_primes: 2, 3, 5 and 7 against the rest; moons: two features; iris_vv:
+iris's versicolor against virginica, 100 rows; wine_first: wine's first cultivar against the other two; diabetes_median:
+diabetes's disease progression above its median against the rest; multilabel811: the first of
+make_multilabel_classification's five labels), MNIST's (pixels / 255, read from the data directory: $STLSGD_DATA, e.g.
+../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1 against 7, 5 against 6, 6 against 9 and 1
+against 2, the train split's 3 against 8, its first 200 of 4 against 7 and its first 2,000 of 1 against 7), CIFAR-10's
+(the data directory's first 200 train images, pixels / 255: cifar_vehicles, vehicles against animals; cifar_catdog, cats
+and dogs against the rest; cifar_first5, classes 0-4 against 5-9; cifar_vehicles_std, vehicles against animals with each
+pixel standardised), or sparse and text-like (sparse17, sparse29, sparse41, sparse53, sparse67 and sparse89: 1,500,
+1,200, 4,000, 3,000, 2,000 and 2,500 features, 2%, 1%, 0.5%, 0.7%, 1% and 0.8% of them non-zero, rows of unit length);
+labels +1 / -1.
 The registered sets (digits 4/9, mushrooms, w8a, and the test splits of a9a, w8a and MNIST 4/9) need no file:
 their configs name them.
 """
@@ -40,6 +42,7 @@ import yaml
 from sklearn.datasets import (
     dump_svmlight_file,
     load_breast_cancer,
+    load_diabetes,
     load_digits,
     load_iris,
     load_wine,
@@ -63,28 +66,37 @@ def _scaled(X: np.ndarray, y: np.ndarray) -> Data:
     return MinMaxScaler().fit_transform(X), y
 
 
-def _classification(seed: int, n: int, d: int, informative: int, flip: float, **more: Any) -> Callable[[], Data]:
+def _standardised(X: np.ndarray, y: np.ndarray) -> Data:
+    return StandardScaler().fit_transform(X), y
+
+
+def _classification(
+    seed: int, n: int, d: int, informative: int, flip: float, scale: Callable[..., Data] = _scaled, **more: Any
+) -> Callable[[], Data]:
     def make() -> Data:
         X, y = make_classification(
             n_samples=n, n_features=d, n_informative=informative, random_state=seed, flip_y=flip, **more
         )
-        return _scaled(X, 2 * y - 1)
+        return scale(X, 2 * y - 1)
 
     return make
 
 
-def _digits(positive: Callable[[np.ndarray], np.ndarray], keep: tuple[int, ...] | None = None) -> Callable[[], Data]:
+def _digits(
+    positive: Callable[[np.ndarray], np.ndarray], keep: tuple[int, ...] | None = None, standardise: bool = False
+) -> Callable[[], Data]:
     def make() -> Data:
         d = load_digits()
         rows = np.ones(len(d.target), dtype=bool) if keep is None else np.isin(d.target, keep)
-        return d.data[rows] / 16.0, np.where(positive(d.target[rows]), 1, -1)
+        X, y = d.data[rows] / 16.0, np.where(positive(d.target[rows]), 1, -1)
+        return _standardised(X, y) if standardise else (X, y)
 
     return make
 
 
-def _breast_cancer() -> Data:
+def _breast_cancer(scale: Callable[..., Data] = _scaled) -> Data:
     b = load_breast_cancer()
-    return _scaled(b.data, 2 * b.target - 1)
+    return scale(b.data, 2 * b.target - 1)
 
 
 def _wine(cultivar: int) -> Callable[[], Data]:
@@ -161,6 +173,11 @@ def _iris() -> Data:
     i = load_iris()
     rows = i.target > 0  # versicolor against virginica: the pair that overlaps
     return _scaled(i.data[rows], np.where(i.target[rows] == 1, 1, -1))
+
+
+def _diabetes() -> Data:
+    d = load_diabetes()
+    return _scaled(d.data, np.where(d.target > np.median(d.target), 1, -1))
 
 
 def _blobs() -> Data:
@@ -241,6 +258,13 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "digits35": (_digits(lambda t: t == 3, (3, 5)), 8),
     "digits09": (_digits(lambda t: t == 0, (0, 9)), 8),
     "wine_first": (_wine(0), 8),
+    "diabetes_median": (_diabetes, 8),
+    "digits26": (_digits(lambda t: t == 2, (2, 6)), 8),
+    "mnist12_test": (_mnist("t10k", 1, 2), 8),
+    "classification1208": (_classification(1208, 8000, 60, 8, 0.02, n_clusters_per_class=3), 16),
+    "breast_cancer_std": (lambda: _breast_cancer(_standardised), 8),
+    "classification1209_std": (_classification(1209, 6000, 40, 10, 0.03, scale=_standardised), 16),
+    "digits39_std": (_digits(lambda t: t == 3, (3, 9), standardise=True), 8),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
