@@ -265,6 +265,10 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "breast_cancer_std": (lambda: _breast_cancer(_standardised), 8),
     "classification1209_std": (_classification(1209, 6000, 40, 10, 0.03, scale=_standardised), 16),
     "digits39_std": (_digits(lambda t: t == 3, (3, 9), standardise=True), 8),
+    "classification1210": (_classification(1210, 5000, 30, 8, 0.03), 8),
+    "classification1211": (_classification(1211, 12000, 80, 25, 0.02, n_redundant=10), 32),
+    "classification1212": (_classification(1212, 7000, 50, 12, 0.05, weights=[0.65, 0.35], class_sep=1.5), 16),
+    "classification1213": (_classification(1213, 6000, 40, 10, 0.01, n_clusters_per_class=4, class_sep=0.7), 24),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
