@@ -17,13 +17,13 @@ standard deviation 1; digits: pixels / 16; digits_primes: 2, 3, 5 and 7 against 
 iris's versicolor against virginica, 100 rows; wine_first: wine's first cultivar against the other two; diabetes_median:
 diabetes's disease progression above its median against the rest; multilabel811: the first of
 make_multilabel_classification's five labels), MNIST's (pixels / 255, read from the data directory: $STLSGD_DATA, e.g.
-../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1 against 7, 5 against 6, 6 against 9 and 1
-against 2, the train split's 3 against 8, its first 200 of 4 against 7 and its first 2,000 of 1 against 7), CIFAR-10's
-(the data directory's first 200 train images, pixels / 255: cifar_vehicles, vehicles against animals; cifar_catdog, cats
-and dogs against the rest; cifar_first5, classes 0-4 against 5-9; cifar_vehicles_std, vehicles against animals with each
-pixel standardised), or sparse and text-like (sparse17, sparse29, sparse41, sparse53, sparse67 and sparse89: 1,500,
-1,200, 4,000, 3,000, 2,000 and 2,500 features, 2%, 1%, 0.5%, 0.7%, 1% and 0.8% of them non-zero, rows of unit length);
-labels +1 / -1.
+../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1 against 7, 5 against 6, 6 against 9, 1 against
+2 and 0 against 9, the train split's 3 against 8, its first 200 of 4 against 7 and its first 2,000 of 1 against 7),
+CIFAR-10's (the data directory's first 200 train images, pixels / 255: cifar_vehicles, vehicles against animals;
+cifar_catdog, cats and dogs against the rest; cifar_first5, classes 0-4 against 5-9; cifar_vehicles_std, vehicles
+against animals with each pixel standardised), or sparse and text-like (sparse17, sparse29, sparse41, sparse53, sparse67
+and sparse89: 1,500, 1,200, 4,000, 3,000, 2,000 and 2,500 features, 2%, 1%, 0.5%, 0.7%, 1% and 0.8% of them non-zero,
+rows of unit length); labels +1 / -1.
 The registered sets (digits 4/9, mushrooms, w8a, and the test splits of a9a, w8a and MNIST 4/9) need no file:
 their configs name them.
 """
@@ -269,6 +269,8 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "classification1211": (_classification(1211, 12000, 80, 25, 0.02, n_redundant=10), 32),
     "classification1212": (_classification(1212, 7000, 50, 12, 0.05, weights=[0.65, 0.35], class_sep=1.5), 16),
     "classification1213": (_classification(1213, 6000, 40, 10, 0.01, n_clusters_per_class=4, class_sep=0.7), 24),
+    "classification1214_std": (_classification(1214, 8000, 50, 12, 0.02, scale=_standardised), 16),
+    "mnist09_test": (_mnist("t10k", 0, 9), 8),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
