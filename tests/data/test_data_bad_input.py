@@ -369,6 +369,10 @@ def test_zero_based_file_as_sklearn_writes_it(tmp_path: Path) -> None:
     np.testing.assert_array_equal(a.X.toarray(), X)
     np.testing.assert_array_equal(b.X.toarray(), X)
     np.testing.assert_array_equal(a.y, [1.0, -1.0, 1.0])
+    # A registered dataset's file (n_features declared) stays 1-based: there an index 0 is refused, on its line.
+    assert _message(lambda: read_svmlight(zero, n_features=3)) == (
+        f"{zero}:1: malformed svmlight line: feature index 0 < 1"
+    )
     # A line of a 0-based file that is bad is still named: the scanner allows index 0 and increasing from it.
     bad = _file(tmp_path, "zero_bad.svm", "+1 0:1 2:1\n-1 0:1 0:2\n")
     assert _message(lambda: read_svmlight(bad)) == (

@@ -188,6 +188,12 @@ def _too_large(key: bytes, idx: int | None) -> str:
     )
 
 
+def _lowest_index(n_features: int | None) -> int:
+    """A registered dataset's file (``n_features`` declared) is a published LIBSVM file, 1-based: an index 0 there
+    is damage, not a convention. Your own file may be 0-based, as scikit-learn's ``dump_svmlight_file`` writes."""
+    return 0 if n_features is None else 1
+
+
 def _scan_svmlight(path: Path, n_features: int | None) -> Iterator[tuple[int, str]]:
     """Yield (line number, problem) for each bad line; only run after sklearn's fast reader failed or read nonsense.
 
@@ -195,6 +201,7 @@ def _scan_svmlight(path: Path, n_features: int | None) -> Iterator[tuple[int, st
     ASCII whitespace, an optional ``qid:`` first feature, ``int``/``float`` on the raw bytes.
     """
     limit = MAX_FEATURES if n_features is None else n_features
+    low = _lowest_index(n_features)
     with _open_binary(path) as fh:
         for lineno, line in enumerate(fh, start=1):
             nul = line.find(b"\0")
@@ -230,8 +237,9 @@ def _scan_svmlight(path: Path, n_features: int | None) -> Iterator[tuple[int, st
                     else:
                         yield lineno, f"malformed svmlight line: token {_show(tok)} is not index:value"
                     break
-                if idx < 0:
-                    yield lineno, f"malformed svmlight line: negative feature index {idx}"
+                if idx < low:
+                    problem = f"negative feature index {idx}" if low == 0 else f"feature index {idx} < 1"
+                    yield lineno, f"malformed svmlight line: {problem}"
                     break
                 if idx > limit:
                     if n_features is not None:
@@ -268,8 +276,9 @@ def read_svmlight(
 ) -> Dataset:
     """Read a two-class LIBSVM/svmlight file (plain, .gz or .bz2); labels become -1/+1 (larger -> +1).
 
-    Indices start at 1 (LIBSVM's convention) unless some line holds index 0: then the file is read as 0-based, as
-    scikit-learn's ``dump_svmlight_file`` writes by default (and ``load_svmlight_file`` reads by default).
+    Indices start at 1 (LIBSVM's convention). Without ``n_features`` (your own file), a file where some line holds
+    index 0 is read as 0-based, as scikit-learn's ``dump_svmlight_file`` writes by default (and
+    ``load_svmlight_file`` reads by default); a registered dataset's file must be 1-based (:func:`_lowest_index`).
 
     Without ``n_features`` the file may use feature indices up to :data:`MAX_FEATURES` (2^24; see there why);
     with it, indices up to ``n_features`` (at most :data:`INDEX_LIMIT`). A compressed file is first inflated
@@ -286,7 +295,8 @@ def read_svmlight(
     _check_inflated(path, max_lines)
     try:
         # "auto": an index 0 can only mean a 0-based file; without one, 1-based is the only reading LIBSVM allows.
-        X, y = load_svmlight_file(str(path), n_features=n_features, dtype=np.float64, zero_based="auto")
+        zero_based = "auto" if _lowest_index(n_features) == 0 else False
+        X, y = load_svmlight_file(str(path), n_features=n_features, dtype=np.float64, zero_based=zero_based)
     except (*_GZIP_ERRORS, OSError) as err:
         raise _unreadable(path, err) from None
     except (ValueError, OverflowError) as err:  # OverflowError: an index beyond sklearn's C int
