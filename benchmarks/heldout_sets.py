@@ -71,13 +71,13 @@ def _standardised(X: np.ndarray, y: np.ndarray) -> Data:
 
 
 def _classification(
-    seed: int, n: int, d: int, informative: int, flip: float, scale: Callable[..., Data] = _scaled, **more: Any
+    seed: int, n: int, d: int, informative: int, flip: float, standardise: bool = False, **more: Any
 ) -> Callable[[], Data]:
     def make() -> Data:
         X, y = make_classification(
             n_samples=n, n_features=d, n_informative=informative, random_state=seed, flip_y=flip, **more
         )
-        return scale(X, 2 * y - 1)
+        return (_standardised if standardise else _scaled)(X, 2 * y - 1)
 
     return make
 
@@ -94,9 +94,12 @@ def _digits(
     return make
 
 
-def _breast_cancer(scale: Callable[..., Data] = _scaled) -> Data:
-    b = load_breast_cancer()
-    return scale(b.data, 2 * b.target - 1)
+def _breast_cancer(standardise: bool = False) -> Callable[[], Data]:
+    def make() -> Data:
+        b = load_breast_cancer()
+        return (_standardised if standardise else _scaled)(b.data, 2 * b.target - 1)
+
+    return make
 
 
 def _wine(cultivar: int) -> Callable[[], Data]:
@@ -134,8 +137,8 @@ def _cifar(positive: tuple[int, ...], standardise: bool = False) -> Callable[[],
     def make() -> Data:
         root = resolve_data_dir() / "cifar10" / "train_first200_kaggle"
         d = cifar10_png(root / "train", root / "trainLabels.csv")
-        X = d.X.reshape(len(d.y), -1).astype(float)
-        return StandardScaler().fit_transform(X) if standardise else X, np.where(np.isin(d.y, positive), 1, -1)
+        X, y = d.X.reshape(len(d.y), -1).astype(float), np.where(np.isin(d.y, positive), 1, -1)
+        return _standardised(X, y) if standardise else (X, y)
 
     return make
 
@@ -187,7 +190,7 @@ def _blobs() -> Data:
 
 #: name -> (how the set is made, clients)
 SETS: dict[str, tuple[Callable[[], Data], int]] = {
-    "breast_cancer": (_breast_cancer, 8),
+    "breast_cancer": (_breast_cancer(), 8),
     "wine": (_wine(1), 8),
     "digits38": (_digits(lambda t: t == 3, (3, 8)), 8),
     "digits17": (_digits(lambda t: t == 1, (1, 7)), 8),
@@ -262,14 +265,14 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "digits26": (_digits(lambda t: t == 2, (2, 6)), 8),
     "mnist12_test": (_mnist("t10k", 1, 2), 8),
     "classification1208": (_classification(1208, 8000, 60, 8, 0.02, n_clusters_per_class=3), 16),
-    "breast_cancer_std": (lambda: _breast_cancer(_standardised), 8),
-    "classification1209_std": (_classification(1209, 6000, 40, 10, 0.03, scale=_standardised), 16),
+    "breast_cancer_std": (_breast_cancer(standardise=True), 8),
+    "classification1209_std": (_classification(1209, 6000, 40, 10, 0.03, standardise=True), 16),
     "digits39_std": (_digits(lambda t: t == 3, (3, 9), standardise=True), 8),
     "classification1210": (_classification(1210, 5000, 30, 8, 0.03), 8),
     "classification1211": (_classification(1211, 12000, 80, 25, 0.02, n_redundant=10), 32),
     "classification1212": (_classification(1212, 7000, 50, 12, 0.05, weights=[0.65, 0.35], class_sep=1.5), 16),
     "classification1213": (_classification(1213, 6000, 40, 10, 0.01, n_clusters_per_class=4, class_sep=0.7), 24),
-    "classification1214_std": (_classification(1214, 8000, 50, 12, 0.02, scale=_standardised), 16),
+    "classification1214_std": (_classification(1214, 8000, 50, 12, 0.02, standardise=True), 16),
     "mnist09_test": (_mnist("t10k", 0, 9), 8),
 }
 #: registered sets: name -> clients
