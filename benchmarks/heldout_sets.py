@@ -15,15 +15,15 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
 The features are scikit-learn's, MinMax-scaled (those named _std standardised instead, each feature to mean 0 and
 standard deviation 1; digits: pixels / 16; digits_primes: 2, 3, 5 and 7 against the rest; moons: two features; iris_vv:
 iris's versicolor against virginica, 100 rows; wine_first: wine's first cultivar against the other two; diabetes_median:
-diabetes's disease progression above its median against the rest; multilabel811: the first of
-make_multilabel_classification's five labels), MNIST's (pixels / 255, read from the data directory: $STLSGD_DATA, e.g.
-../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1 against 7, 5 against 6, 6 against 9, 1 against
-2 and 0 against 9, the train split's 3 against 8, its first 200 of 4 against 7 and its first 2,000 of 1 against 7),
-CIFAR-10's (the data directory's first 200 train images, pixels / 255: cifar_vehicles, vehicles against animals;
-cifar_catdog, cats and dogs against the rest; cifar_first5, classes 0-4 against 5-9; cifar_vehicles_std, vehicles
-against animals with each pixel standardised), or sparse and text-like (sparse17, sparse29, sparse41, sparse53, sparse67
-and sparse89: 1,500, 1,200, 4,000, 3,000, 2,000 and 2,500 features, 2%, 1%, 0.5%, 0.7%, 1% and 0.8% of them non-zero,
-rows of unit length); labels +1 / -1.
+diabetes's disease progression above its median against the rest; friedman_median: make_friedman1's target above its
+median against the rest; multilabel811: the first of make_multilabel_classification's five labels), MNIST's (pixels /
+255, read from the data directory: $STLSGD_DATA, e.g. ../shared/data; the test split's 3 against 5, 2 against 7, 0
+against 8, 1 against 7, 5 against 6, 6 against 9, 1 against 2 and 0 against 9, the train split's 3 against 8, its first
+200 of 4 against 7, its first 2,000 of 1 against 7 and its first 3,000 of 5 against 8), CIFAR-10's (the data directory's
+first 200 train images, pixels / 255: cifar_vehicles, vehicles against animals; cifar_catdog, cats and dogs against the
+rest; cifar_first5, classes 0-4 against 5-9; cifar_vehicles_std, vehicles against animals with each pixel standardised),
+or sparse and text-like (sparse17, sparse29, sparse41, sparse53, sparse67 and sparse89: 1,500, 1,200, 4,000, 3,000,
+2,000 and 2,500 features, 2%, 1%, 0.5%, 0.7%, 1% and 0.8% of them non-zero, rows of unit length); labels +1 / -1.
 The registered sets (digits 4/9, mushrooms, w8a, and the test splits of a9a, w8a and MNIST 4/9) need no file:
 their configs name them.
 """
@@ -48,6 +48,7 @@ from sklearn.datasets import (
     load_wine,
     make_blobs,
     make_classification,
+    make_friedman1,
     make_gaussian_quantiles,
     make_hastie_10_2,
     make_moons,
@@ -183,6 +184,13 @@ def _diabetes() -> Data:
     return _scaled(d.data, np.where(d.target > np.median(d.target), 1, -1))
 
 
+def _friedman() -> Data:
+    """make_friedman1's regression target (a sine, a square and linear terms of 5 of its 10 features) above its median
+    against the rest: classes no linear model separates, with five features that carry nothing."""
+    X, t = make_friedman1(n_samples=8000, n_features=10, noise=1.0, random_state=1206)
+    return _scaled(X, np.where(t > np.median(t), 1, -1))
+
+
 def _blobs() -> Data:
     X, y = make_blobs(n_samples=5000, centers=2, n_features=20, cluster_std=6.0, random_state=3)
     return _scaled(X, 2 * y - 1)
@@ -274,6 +282,9 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "classification1213": (_classification(1213, 6000, 40, 10, 0.01, n_clusters_per_class=4, class_sep=0.7), 24),
     "classification1214_std": (_classification(1214, 8000, 50, 12, 0.02, standardise=True), 16),
     "mnist09_test": (_mnist("t10k", 0, 9), 8),
+    "friedman_median": (_friedman, 12),
+    "classification_defaults": (_classification(1206, 10000, 20, 2, 0.01), 16),
+    "mnist58_train3000": (_mnist("train", 5, 8, rows=3000), 12),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
