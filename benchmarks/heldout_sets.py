@@ -179,16 +179,20 @@ def _iris() -> Data:
     return _scaled(i.data[rows], np.where(i.target[rows] == 1, 1, -1))
 
 
+def _above_median(X: np.ndarray, target: np.ndarray) -> Data:
+    """A regression set as classes: its target above its median against the rest, the features MinMax-scaled."""
+    return _scaled(X, np.where(target > np.median(target), 1, -1))
+
+
 def _diabetes() -> Data:
     d = load_diabetes()
-    return _scaled(d.data, np.where(d.target > np.median(d.target), 1, -1))
+    return _above_median(d.data, d.target)
 
 
 def _friedman() -> Data:
     """make_friedman1's regression target (a sine, a square and linear terms of 5 of its 10 features) above its median
     against the rest: classes no linear model separates, with five features that carry nothing."""
-    X, t = make_friedman1(n_samples=8000, n_features=10, noise=1.0, random_state=1206)
-    return _scaled(X, np.where(t > np.median(t), 1, -1))
+    return _above_median(*make_friedman1(n_samples=8000, n_features=10, noise=1.0, random_state=1206))
 
 
 def _blobs() -> Data:
