@@ -255,7 +255,8 @@ def test_the_clients_thin_bases_move_as_their_full_eigenbases(tmp_path: Path) ->
     full = dataclasses.replace(thin, curvatures=np.array(full_h), bases=np.array(full_V))
     rng = np.random.default_rng(0)
     e, g = rng.standard_normal((2, 64)), rng.standard_normal((8, 2, 64))
-    sums = np.array([[3.0, 40.0], [0.1, 2.0], [0.01, 0.5]])
+    # S1, S2, S3 and the largest lr: 30 lands the steeper directions on their fixed points (h >= 1/30), in both
+    sums = np.array([[3.0, 40.0], [0.1, 2.0], [0.01, 0.5], [0.1, 30.0]])
     moves = []
     for m in (thin, full):  # e and g in each client's basis, as drift_rounds passes them
         ue, ug = (np.einsum("ndr,npd->npr", m.bases, v) for v in (np.broadcast_to(e[None], g.shape), g))
@@ -389,7 +390,13 @@ def test_the_clients_model_rounds_by_hand() -> None:
     assert _rounds(one, [local], every=5, max_rounds=100) == [10]
     assert _rounds(one, [local], every=1, max_rounds=5) == [None]  # not within max_rounds
     assert _rounds(one, [local], every=1, max_rounds=100, budget=59) == [None]  # 5 rounds of 10
-    assert _rounds(one, [LocalSGD(lr=2.0, k=10)], every=1, max_rounds=100) == [None]  # lr h = 1: no contraction
+    # A step with lr h >= 1 lands on the client's fixed point along h (the quadratic's 1 - lr h would overshoot; the
+    # logistic loss's bounded gradients saturate instead): lr 2 (lr h = 1), or lr 40 falling under 1/h within the
+    # round (eta_t = 40 / (1 + t)), reaches x* = the one client's fixed point in round 1.
+    assert _rounds(one, [LocalSGD(lr=2.0, k=10), LocalSGD(lr=40.0, k=10, lr_decay=40.0)], every=1, max_rounds=9) == [
+        1,
+        1,
+    ]
     assert _rounds(one, [LocalSGD(lr=1e-7, k=2**20 + 1)], every=1, max_rounds=100) == [None]  # over the cap
     # plans run side by side, each as alone: a round of 20 steps squares s (round 3: 0.25 s^12 = 5.3e-4)
     assert _rounds(one, [local, LocalSGD(lr=0.1, k=20)], every=1, max_rounds=100) == [6, 3]
@@ -770,6 +777,45 @@ def test_a_local_sgd_pick_is_chosen_again_among_the_plans_beside_it(monkeypatch:
     assert len(near) == (2 * (len(suggest.DRIFT_DECAYS) + 1) + 1) * (1 + len(suggest.DRIFT_WINDOWS))
     # at the plans' cap on a period no longer one is tried
     assert max(c["k"] for c in suggest.neighbours(e, {"k": float(2**20), "lr": 0.5, "lr_decay": 0.0})) == 2.0**20 / 2
+
+
+def test_a_local_sgd_pick_takes_a_first_step_of_n_over_2l_where_the_model_gives_it_fewer_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # N = 2, L = 1: one client's step 1/(2L) = 0.5, N/(2L) = 1. Scripted by (period, first lr), option II: Local SGD
+    # + drift at k 65,536 and a decay of 4 mu lr (2 mu) reaches in 10 rounds from lr 0.5, and from lr 1 at the same
+    # late schedule (lr / lr_decay = 1 / (4 mu) kept: lr_decay 4 mu) in 7: that plan. From lr 1 in 10: a tie keeps
+    # the pick.
+    e = dataclasses.replace(_estimates(num_clients=2, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3]))
+    late = 1.0 / (4.0 * e.mu)
+
+    def reaching(large: int):
+        def run(m, plans, *, every, max_rounds, seeds=0, stop=None, noise_where="optimum"):
+            got = []
+            for p in plans:
+                plan = p._plan
+                kept = plan.name == "local_sgd" and p.window is None and plan.k == 65_536
+                kept = kept and math.isclose(plan.lr, late * plan.lr_decay)
+                r = {0.5: 10, 1.0: large}.get(plan.lr) if kept else None
+                got.append(r if r is not None and r <= max_rounds else None)
+            return got
+
+        return run
+
+    for large, chosen in ((7, (1.0, 4.0, 7)), (10, (0.5, 2.0, 10))):
+        monkeypatch.setattr(suggest, "drift_rounds", reaching(large))
+        p = propose(e, eval_every=1, max_iterations=10**9)
+        assert (p["method"], p["k"], p["lr"], pytest.approx(p["lr_decay"] / e.mu), p["model_rounds"]) == (
+            "local_sgd",
+            65_536.0,
+            *chosen,
+        )
+    pick = {"method": "local_sgd", "lr": 0.5, "lr_decay": 2 * e.mu, "k": 65_536.0, "drift": True}
+    assert suggest.first_step(e, pick) == {**pick, "lr": 1.0, "lr_decay": pytest.approx(4 * e.mu)}
+    # no such plan at a constant lr, for Algorithm 2's stages, or with one client (N/(2L) is 1/(2L))
+    assert suggest.first_step(e, {**pick, "lr_decay": 0.0}) is None
+    assert suggest.first_step(e, {**pick, "method": "stl_sc"}) is None
+    assert suggest.first_step(dataclasses.replace(e, num_clients=1), pick) is None
 
 
 def test_of_plans_tied_in_rounds_and_steps_the_least_noisy_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
