@@ -43,8 +43,8 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   and its decay (:func:`neighbours`): long periods where the model has the control variates carry them, short ones
   elsewhere; then once more between it and the same plan from a first step of N/(2L) with its late schedule kept
   (:func:`first_step`: the logistic loss's bounded gradients let such steps saturate the margins, which the model
-  takes as landing on the fixed point along every curvature h >= 1/eta); where no draw of the pick reaches with the window's noise drawn from the clients' covariance at each
-  round's averaged model instead of at x* (far from x* the samples' gradients are larger), the same choice made
+  takes as landing on the fixed point along every curvature h >= 1/eta); where no draw of the pick reaches with the
+  window's noise drawn from the clients' covariance at each round's averaged model instead of at x* (far from x* the samples' gradients are larger), the same choice made
   again with it drawn there (:func:`drift_pick`);
 - otherwise drift correction on, its control variates from the first FALLBACK_SHARE of each round's steps
   (``drift_share``; option II with a network), and stages that end when the run is stationary
