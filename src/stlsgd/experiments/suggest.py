@@ -44,8 +44,8 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   elsewhere; then once more between it and the same plan from a first step of N/(2L) with its late schedule kept
   (:func:`first_step`: the logistic loss's bounded gradients let such steps saturate the margins, which the model
   takes as landing on the fixed point along every curvature h >= 1/eta); where no draw of the pick reaches with the
-  window's noise drawn from the clients' covariance at each round's averaged model instead of at x* (far from x* the samples' gradients are larger), the same choice made
-  again with it drawn there (:func:`drift_pick`);
+  window's noise drawn from the clients' covariance at each round's averaged model instead of at x* (far from x*
+  the samples' gradients are larger), the same choice made again with it drawn there (:func:`drift_pick`);
 - otherwise drift correction on, its control variates from the first FALLBACK_SHARE of each round's steps
   (``drift_share``; option II with a network), and stages that end when the run is stationary
   (``stage_end = "stationary"``, :class:`~stlsgd.algorithms.stl_sgd.STLSGDStationary`: the objective is higher
@@ -1202,9 +1202,9 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
     if "model_rounds" in proposal:
         if proposal["method"] == "local_sgd":
             large = e.num_clients > 1 and math.isclose(proposal["lr"], e.num_clients / (2.0 * e.L))
+            start = "N/(2L), the late schedule lr / lr_decay of the best at 1/(2L)" if large else "1/(2L)"
             plan = (
-                f"Local SGD + drift correction, lr = {proposal['lr']:.6g} "
-                f"({'N/(2L), the late schedule lr / lr_decay of the best at 1/(2L)' if large else '1/(2L)'}), lr_decay = "
+                f"Local SGD + drift correction, lr = {proposal['lr']:.6g} ({start}), lr_decay = "
                 f"{proposal['lr_decay']:.6g} (eta_t = lr / (1 + lr_decay t)), k = {proposal['k']:.0f}"
             )
         else:
@@ -1223,7 +1223,8 @@ def report(e: Estimates, proposal: dict[str, Any], network: Network | None = Non
             f"{plan}: in the clients' quadratic models at x* it reaches the target in {proposal['model_rounds']} "
             f"rounds (the median of {DRIFT_DRAWS} draws of the control variates' noise, from the clients' gradient "
             f"covariance {where}, each at the first evaluation by which the gap has been under "
-            f"the target with a chance of a half), the fewest of Local SGD + drift (k in {', '.join(map(str, DRIFT_PERIODS))}, lr_decay in "
+            f"the target with a chance of a half), the fewest of Local SGD + drift "
+            f"(k in {', '.join(map(str, DRIFT_PERIODS))}, lr_decay in "
             f"{{{', '.join(f'{d:g}' for d in DRIFT_DECAYS)}}} mu lr; then half and twice the best's k and lr_decay, "
             "then its first step at N/(2L)) "
             "and STL-SGD^sc + drift (lr T1 in "
