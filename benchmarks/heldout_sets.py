@@ -16,10 +16,11 @@ The features are scikit-learn's, MinMax-scaled (those named _std standardised in
 standard deviation 1; digits: pixels / 16; digits_primes: 2, 3, 5 and 7 against the rest; moons: two features; iris_vv:
 iris's versicolor against virginica, 100 rows; wine_first: wine's first cultivar against the other two; diabetes_median:
 diabetes's disease progression above its median against the rest; friedman_median: make_friedman1's target above its
-median against the rest; multilabel811: the first of make_multilabel_classification's five labels), MNIST's (pixels /
-255, read from the data directory: $STLSGD_DATA, e.g. ../shared/data; the test split's 3 against 5, 2 against 7, 0
-against 8, 1 against 7, 5 against 6, 6 against 9, 1 against 2 and 0 against 9, the train split's 3 against 8, its first
-200 of 4 against 7, its first 2,000 of 1 against 7 and its first 3,000 of 5 against 8), CIFAR-10's (the data directory's
+median against the rest; regression_median: make_regression's target above its median against the rest;
+multilabel811: the first of make_multilabel_classification's five labels), MNIST's (pixels / 255, read from the data
+directory: $STLSGD_DATA, e.g. ../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1 against 7, 5
+against 6, 6 against 9, 1 against 2 and 0 against 9, the train split's 3 against 8, its first 200 of 4 against 7, its
+first 2,000 of 1 against 7, its first 3,000 of 5 against 8 and its first 4,000 of 2 against 3), CIFAR-10's (the data directory's
 first 200 train images, pixels / 255: cifar_vehicles, vehicles against animals; cifar_catdog, cats and dogs against the
 rest; cifar_first5, classes 0-4 against 5-9; cifar_vehicles_std, vehicles against animals with each pixel standardised),
 or sparse and text-like (sparse17, sparse29, sparse41, sparse53, sparse67 and sparse89: 1,500, 1,200, 4,000, 3,000,
@@ -53,6 +54,7 @@ from sklearn.datasets import (
     make_hastie_10_2,
     make_moons,
     make_multilabel_classification,
+    make_regression,
 )
 from sklearn.preprocessing import MinMaxScaler, StandardScaler, normalize
 
@@ -195,6 +197,13 @@ def _friedman() -> Data:
     return _above_median(*make_friedman1(n_samples=8000, n_features=10, noise=1.0, random_state=1206))
 
 
+def _regression() -> Data:
+    """make_regression's linear target of 15 of 40 features, with noise, above its median against the rest."""
+    return _above_median(
+        *make_regression(n_samples=8000, n_features=40, n_informative=15, noise=20.0, random_state=1261)
+    )
+
+
 def _blobs() -> Data:
     X, y = make_blobs(n_samples=5000, centers=2, n_features=20, cluster_std=6.0, random_state=3)
     return _scaled(X, 2 * y - 1)
@@ -289,6 +298,10 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "friedman_median": (_friedman, 12),
     "classification_defaults": (_classification(1206, 10000, 20, 2, 0.01), 16),
     "mnist58_train3000": (_mnist("train", 5, 8, rows=3000), 12),
+    "regression_median": (_regression, 16),
+    "classification1262": (_classification(1262, 8000, 30, 6, 0.02, weights=[0.9, 0.1]), 16),
+    "classification1263": (_classification(1263, 9000, 40, 10, 0.03, hypercube=False), 20),
+    "mnist23_train4000": (_mnist("train", 2, 3, rows=4000), 16),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}

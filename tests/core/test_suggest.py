@@ -811,11 +811,11 @@ def test_a_local_sgd_pick_takes_a_first_step_of_n_over_2l_where_the_model_gives_
             *chosen,
         )
     pick = {"method": "local_sgd", "lr": 0.5, "lr_decay": 2 * e.mu, "k": 65_536.0, "drift": True}
-    assert suggest.first_step(e, pick) == {**pick, "lr": 1.0, "lr_decay": pytest.approx(4 * e.mu)}
+    assert suggest.first_step(e, pick) == [{**pick, "lr": 1.0, "lr_decay": pytest.approx(4 * e.mu)}]
     # no such plan at a constant lr, for Algorithm 2's stages, or with one client (N/(2L) is 1/(2L))
-    assert suggest.first_step(e, {**pick, "lr_decay": 0.0}) is None
-    assert suggest.first_step(e, {**pick, "method": "stl_sc"}) is None
-    assert suggest.first_step(dataclasses.replace(e, num_clients=1), pick) is None
+    assert suggest.first_step(e, {**pick, "lr_decay": 0.0}) == []
+    assert suggest.first_step(e, {**pick, "method": "stl_sc"}) == []
+    assert suggest.first_step(dataclasses.replace(e, num_clients=1), pick) == []
 
 
 def test_of_plans_tied_in_rounds_and_steps_the_least_noisy_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:

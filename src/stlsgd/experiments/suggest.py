@@ -945,14 +945,11 @@ def _choose(
     :func:`drift_candidates`, and where that is Local SGD + drift, among it and its :func:`neighbours`."""
     got = _fewest_reaching(e, m, drift_candidates(e), bar, batch, max_iterations, eval_every, noise_where=noise_where)
     if got is not None and got[0]["method"] == "local_sgd":
-        near = [got[0], *neighbours(e, got[0])]
-        again = _fewest_reaching(e, m, near, bar, batch, max_iterations, eval_every, got[1], noise_where)
-        got = again or got
-        large = first_step(e, got[0])
-        if large is not None:
-            # a tie keeps the pick: the same steps, and its last lr is the lower
-            again = _fewest_reaching(e, m, [got[0], large], bar, batch, max_iterations, eval_every, got[1], noise_where)
-            got = again or got
+        # the pick against the plans beside it, then against its first step at N/(2L) (a tie there keeps the pick:
+        # the same steps, and its last lr is the lower)
+        for variants in (neighbours, first_step):
+            near = [got[0], *variants(e, got[0])]
+            got = _fewest_reaching(e, m, near, bar, batch, max_iterations, eval_every, got[1], noise_where) or got
     return got
 
 
@@ -1130,10 +1127,10 @@ def neighbours(e: Estimates, pick: dict[str, Any]) -> list[dict[str, Any]]:
     return plain + _windowed(plain)
 
 
-def first_step(e: Estimates, pick: dict[str, Any]) -> dict[str, Any] | None:
+def first_step(e: Estimates, pick: dict[str, Any]) -> list[dict[str, Any]]:
     """``pick`` (Local SGD + drift at one client's step 1/(2L), a decaying lr) with its first step at N/(2L), the
     stationary stages' eta_1, and its late schedule kept: lr / lr_decay, the c of eta_t = lr / (1 + lr t / c) ~ c / t,
-    the same. None where there is no such plan (another method, a constant lr, one client).
+    the same; a list of that one plan, empty where there is none (another method, a constant lr, one client).
 
     Along the steep directions such steps overshoot, which the logistic loss's bounded gradients turn into saturated
     margins rather than divergence (:func:`_moved`), and along the flat ones they cover in a few thousand steps the
@@ -1143,9 +1140,9 @@ def first_step(e: Estimates, pick: dict[str, Any]) -> dict[str, Any] | None:
     (docs/results/schedules.md, *A first step of N/(2L)*). Unchecked, N/(2L) on the pick took 3 of 26 held-out sets
     to fewer rounds and 4 to more; the clients' model, with such steps in it, gives those four the pick's rounds."""
     if pick["method"] != "local_sgd" or not pick["lr_decay"] or e.num_clients < 2:
-        return None
+        return []
     lr = e.num_clients / (2.0 * e.L)
-    return {**pick, "lr": lr, "lr_decay": lr * pick["lr_decay"] / pick["lr"]}
+    return [{**pick, "lr": lr, "lr_decay": lr * pick["lr_decay"] / pick["lr"]}]
 
 
 def _local_candidates(
