@@ -942,7 +942,8 @@ def _choose(
     noise_where: Literal["optimum", "iterate"],
 ) -> tuple[dict[str, Any], int] | None:
     """:func:`drift_pick`'s choice with the window's noise drawn at ``noise_where``: the fewest rounds among
-    :func:`drift_candidates`, and where that is Local SGD + drift, among it and its :func:`neighbours`."""
+    :func:`drift_candidates`, and where that is Local SGD + drift, among it and its :func:`neighbours`, then between
+    it and its :func:`first_step`."""
     got = _fewest_reaching(e, m, drift_candidates(e), bar, batch, max_iterations, eval_every, noise_where=noise_where)
     if got is not None and got[0]["method"] == "local_sgd":
         # the pick against the plans beside it, then against its first step at N/(2L) (a tie there keeps the pick:
