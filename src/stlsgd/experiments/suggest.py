@@ -218,10 +218,11 @@ FALLBACK_SHARE = 0.25
 # quadratics at x* from there (:func:`true_start`). The quadratic at x* is too slow far from x*, by 2-4x in the gap at
 # rounds 5-10 on the sets where auto missed, and right within about ten times the target. Of the 64 held-out sets
 # under the size whose auto does not run the stationary stages (all but the MNIST pairs save one of 200 rows, the
-# sparse sets, w8a, a9a's test split, one of 10,000 x 200 on 32 clients and the CIFAR-10 splits), it moved six picks: make_classification 1209_std 2.0x -> 1.0x its grid's best and 1212 1.6x -> 1.5x,
-# three sets 1.0x -> 0.5-0.75x, one as it was; none away from the grid. It adds up to about 50 s to a proposal there
-# (make_classification 1204: 13 -> 62 s). Blocks of TRUE_BLOCK / L_0 of lr: at a half, gaps 3% apart
-# (docs/results/schedules.md, *The clients' true objectives in the early rounds*).
+# sparse sets, w8a, a9a's test split, one of 10,000 x 200 on 32 clients and the CIFAR-10 splits), it moved six picks:
+# make_classification 1209_std 2.0x -> 1.0x its grid's best and 1212 1.6x -> 1.5x, three sets 1.0x -> 0.5-0.75x, one
+# as it was; none away from the grid. It adds up to about 50 s to a proposal there (make_classification 1204: 13 ->
+# 62 s). Blocks of TRUE_BLOCK / L_0 of lr: at a half, gaps 3% apart (docs/results/schedules.md, *The clients' true
+# objectives in the early rounds*).
 TRUE_OBJECTIVE_SIZE = 2**20
 NEAR_TARGET = 10.0
 TRUE_ROUNDS = 40
@@ -539,9 +540,9 @@ class Start(NamedTuple):
 
 
 def _blocks(rnd: Round, window: int | None, cap: float) -> tuple[np.ndarray, int, float]:
-    """A round's learning rates merged into blocks of at most ``cap`` of lr (a larger single step stays one block):
-    each block's sum, the index of the block that ends the ``window``'s steps (all of them without one), and the
-    window's sum S1."""
+    """A round's learning rates merged into blocks, each ending at the step where the running sum passes a multiple
+    of ``cap`` (about ``cap`` of lr each; a larger single step is one block): each block's sum, the index of the
+    block that ends the ``window``'s steps (all of them without one), and the window's sum S1."""
     lrs = rnd.learning_rates()
     total = np.cumsum(lrs)
     seen = len(lrs) if window is None else min(window, len(lrs))
@@ -570,7 +571,7 @@ def true_start(m: ClientsAtOptimum, plans: Sequence[PlanRounds]) -> list[Start |
     round 5 (7.8e-4) the quadratic has 1.3e-4 and 5.9e-5 at rounds 10 and 15 (docs/results/schedules.md, *Curvature
     along the run, and the clients' true objectives without noise*).
 
-    A round's learning rates are merged into blocks of at most TRUE_BLOCK / L_0 of lr, L_0 the clients' largest
+    A round's learning rates are merged into blocks of about TRUE_BLOCK / L_0 of lr, L_0 the clients' largest
     curvature at x_0 = 0, where the logistic loss's curvature is largest: each block is one stable step of gradient
     descent. A single larger step stays one step (a first step of N/(2L)). The plans run side by side, block by
     block, the clients' rows padded with zero rows (whose gradient is 0) into one (N, rows, d) array."""
@@ -1277,7 +1278,7 @@ def true_variants(pick: dict[str, Any]) -> list[dict[str, Any]]:
     """``pick`` (Local SGD + drift) at half, the same and twice its period (up to the plans' cap), and each of those
     at half and a quarter of its decay constant c = lr / lr_decay (lr_decay x2, x4; none at a constant lr); not
     ``pick`` itself. What :func:`true_choice` weighs it against: the quadratic at x* is slow far from x*, most for
-    the faster decays, whose bias it has shrink too late."""
+    the faster decays, whose bias it shrinks too late."""
     k = int(pick["k"])
     periods = [p for p in (k // 2, k, 2 * k) if p <= DEFAULT_K_MAX]
     faster = (1.0, 2.0, 4.0) if pick["lr_decay"] else (1.0,)
@@ -1304,10 +1305,11 @@ def true_choice(
     its rounds so counted where every draw of it reaches (``true_rounds`` says how many ran on the true objectives).
     Anywhere else, ``got`` as it is.
 
-    The true objectives' rounds leave out the sampling noise, and the runs are noisier: of 18 held-out sets whose
-    pick such a choice moved, two ran out the budget at some seeds, both with a plan of 131,072-step rounds whose
-    last evaluation before the budget was 1.97 M of its 2 M steps (docs/results/schedules.md, *The clients' true
-    objectives in the early rounds*). A tie with the pick keeps it: evaluations every few rounds make ties common."""
+    The true objectives' rounds leave out the sampling noise, and the runs are noisier: without the condition on the
+    last evaluation, of 18 held-out sets whose pick such a choice moved, two ran out the budget at some seeds, both
+    with a plan of 131,072-step rounds whose last evaluation before the budget was 1.97 M of its 2 M steps
+    (docs/results/schedules.md, *The clients' true objectives in the early rounds*). A tie with the pick keeps it:
+    evaluations every few rounds make ties common."""
     pick = got[0]
     if pick["method"] != "local_sgd" or not true_fits(m):
         return got
