@@ -879,14 +879,15 @@ def test_a_local_sgd_pick_is_weighed_against_faster_decays_on_the_true_objective
     e = dataclasses.replace(_estimates(num_clients=2, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3]))
     m = dataclasses.replace(e.clients, signed_rows=(np.ones((1, 1)), np.ones((1, 1))))
     pick = {"method": "local_sgd", "lr": 0.5, "lr_decay": 1e-3, "k": 65_536.0, "drift": True}
-    # beside it: half and twice its period, and each at half and a quarter of lr / lr_decay
+    # beside it: half, 1.5 and twice its period, and each at half and a quarter of lr / lr_decay
     beside = suggest.true_variants(pick)
     assert [(c["k"], c["lr_decay"]) for c in beside] == [
         (32_768.0, 1e-3),
+        (98_304.0, 1e-3),
         (131_072.0, 1e-3),
-        *((k, decay) for decay in (2e-3, 4e-3) for k in (32_768.0, 65_536.0, 131_072.0)),
+        *((k, decay) for decay in (2e-3, 4e-3) for k in (32_768.0, 65_536.0, 98_304.0, 131_072.0)),
     ]
-    assert [c["k"] for c in suggest.true_variants({**pick, "lr_decay": 0.0})] == [32_768.0, 131_072.0]
+    assert [c["k"] for c in suggest.true_variants({**pick, "lr_decay": 0.0})] == [32_768.0, 98_304.0, 131_072.0]
     assert max(c["k"] for c in suggest.true_variants({**pick, "k": float(2**20)})) == 2.0**20
 
     def scripted(script: dict[tuple[int, float], list[int | None]]):
