@@ -221,8 +221,8 @@ FALLBACK_SHARE = 0.25
 # sparse sets, w8a, a9a's test split, one of 10,000 x 200 on 32 clients and the CIFAR-10 splits), it moved 12 picks:
 # make_classification 1262 2.5x -> 1.5x its grid's best, 1209_std 2.0x -> 1.0x and 1212 1.6x -> 1.5x, and none out of
 # 1.5x; of seven one-field variants, parity at a 1e-5 target went out (1.38x -> 1.58x). It adds up to about 60 s to a
-# proposal there (make_classification 1204: 13 -> 73 s). Blocks of TRUE_BLOCK / L_0 of lr: at a half, gaps 3% apart (docs/results/schedules.md, *The clients' true
-# objectives in the early rounds*).
+# proposal there (make_classification 1204: 13 -> 73 s). Blocks of TRUE_BLOCK / L_0 of lr: at a half, gaps 3% apart
+# (docs/results/schedules.md, *The clients' true objectives in the early rounds*).
 TRUE_OBJECTIVE_SIZE = 2**20
 NEAR_TARGET = 10.0
 TRUE_ROUNDS = 40
