@@ -537,7 +537,19 @@ def test_a_pick_that_does_not_reach_with_the_noise_where_the_run_is_is_chosen_ag
         script = {"optimum": {0: [5] * 5, 1: [10] * 5}, "iterate": {0: late, 1: second}}
         rank: dict[tuple[str, int | None], int] = {}
 
-        def run(m, plans, *, every, max_rounds, seeds=0, stop=None, noise_where="optimum", script=script, rank=rank):
+        def run(
+            m,
+            plans,
+            *,
+            every,
+            max_rounds,
+            seeds=0,
+            stop=None,
+            noise_where="optimum",
+            start=None,
+            script=script,
+            rank=rank,
+        ):
             ranks = [rank.setdefault((repr(p._plan), p.window), len(rank)) for p in plans]
             got = [script[noise_where].get(j, never)[s] for j, s in zip(ranks, seeds, strict=True)]
             return [g if g is not None and g <= max_rounds else None for g in got]
@@ -680,7 +692,7 @@ def test_the_models_choice_stands_up_to_twice_the_stationary_stages_count(monkey
         monkeypatch.setattr(
             suggest,
             "drift_rounds",
-            lambda m, plans, *, every, max_rounds, seeds=0, stop=None, noise_where="optimum", r=reach: (
+            lambda m, plans, *, every, max_rounds, seeds=0, stop=None, noise_where="optimum", start=None, r=reach: (
                 [r if r <= max_rounds else None] * len(plans)
             ),
         )
@@ -704,7 +716,19 @@ def test_a_plan_some_draw_of_which_misses_within_the_budget_is_passed_over(monke
         # the first call has every candidate, in their order: a plan's rank is its index
         rank: dict[tuple[str, int | None], int] = {}
 
-        def run(m, plans, *, every, max_rounds, seeds=0, stop=None, noise_where="optimum", script=script, rank=rank):
+        def run(
+            m,
+            plans,
+            *,
+            every,
+            max_rounds,
+            seeds=0,
+            stop=None,
+            noise_where="optimum",
+            start=None,
+            script=script,
+            rank=rank,
+        ):
             ranks = [rank.setdefault((repr(p._plan), p.window), len(rank)) for p in plans]
             got = [script.get(j, [None] * 5)[s] for j, s in zip(ranks, seeds, strict=True)]
             return [g if g is not None and g <= max_rounds else None for g in got]
@@ -719,7 +743,7 @@ def _reaching_local(e: Estimates, reach: dict[tuple[int, float], int]):
     """A :func:`drift_rounds` stand-in: Local SGD + drift with option II's control variates reaches in
     ``reach[(k, lr_decay in mu lr)]`` rounds at every draw (within ``max_rounds``), every other plan never."""
 
-    def run(m, plans, *, every, max_rounds, seeds=0, stop=None, noise_where="optimum"):
+    def run(m, plans, *, every, max_rounds, seeds=0, stop=None, noise_where="optimum", start=None):
         got = []
         for p in plans:
             plan = p._plan
@@ -791,7 +815,7 @@ def test_a_local_sgd_pick_takes_a_first_step_of_n_over_2l_where_the_model_gives_
     late = 1.0 / (4.0 * e.mu)
 
     def reaching(large: int):
-        def run(m, plans, *, every, max_rounds, seeds=0, stop=None, noise_where="optimum"):
+        def run(m, plans, *, every, max_rounds, seeds=0, stop=None, noise_where="optimum", start=None):
             got = []
             for p in plans:
                 plan = p._plan

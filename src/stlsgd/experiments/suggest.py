@@ -617,11 +617,12 @@ def true_start(m: ClientsAtOptimum, plans: Sequence[PlanRounds]) -> list[Start |
             done[j] += 1
             at[j] = 0
             err = x[j] - m.x
-            following = plans[j]._round(done[j]) if done[j] < TRUE_ROUNDS else None
             if 0.5 * err @ m.hessian @ err <= NEAR_TARGET * m.target_gap:
                 out[j] = Start(done[j], x[j].copy(), control[:, j].copy())
                 live.remove(j)
-            elif following is None:
+                continue
+            following = plans[j]._round(done[j]) if done[j] < TRUE_ROUNDS else None
+            if following is None:
                 live.remove(j)
             else:
                 blocks[j] = _blocks(following, plans[j].window, cap)
@@ -1099,11 +1100,23 @@ def _holds_at_iterate(
 
 
 def _every_draw(
-    m: ClientsAtOptimum, plan: PlanRounds, bar: int, eval_every: int, noise_where: Literal["optimum", "iterate"]
+    m: ClientsAtOptimum,
+    plan: PlanRounds,
+    bar: int,
+    eval_every: int,
+    noise_where: Literal["optimum", "iterate"],
+    start: Start | None = None,
 ) -> list[int | None]:
-    """``plan``'s rounds under ``bar`` at each of DRIFT_DRAWS draws of the window's noise (seeds 0, 1, ...)."""
+    """``plan``'s rounds under ``bar`` at each of DRIFT_DRAWS draws of the window's noise (seeds 0, 1, ...), from
+    ``start`` where given."""
     return drift_rounds(
-        m, [plan] * DRIFT_DRAWS, every=eval_every, max_rounds=bar - 1, seeds=range(DRIFT_DRAWS), noise_where=noise_where
+        m,
+        [plan] * DRIFT_DRAWS,
+        every=eval_every,
+        max_rounds=bar - 1,
+        seeds=range(DRIFT_DRAWS),
+        noise_where=noise_where,
+        start=start,
     )
 
 
@@ -1323,16 +1336,7 @@ def true_choice(
     for j, start in enumerate(true_start(m, built)):
         if start is None:
             continue
-        draws = drift_rounds(
-            m,
-            [built[j]] * DRIFT_DRAWS,
-            every=eval_every,
-            max_rounds=bar - 1,
-            seeds=range(DRIFT_DRAWS),
-            noise_where=noise_where,
-            start=start,
-        )
-        reached = [r for r in draws if r is not None]
+        reached = [r for r in _every_draw(m, built[j], bar, eval_every, noise_where, start) if r is not None]
         if len(reached) < DRIFT_DRAWS:
             continue
         rounds = sorted(reached)[DRIFT_DRAWS // 2]
@@ -1350,12 +1354,7 @@ def _last_evaluation(plan: PlanRounds, every: int, bar: int, max_iterations: int
     """The last evaluation, under ``bar`` rounds, at which ``plan`` is within its budget (inf without one)."""
     if max_iterations is None:
         return math.inf
-    last = 0
-    for r in range(every, bar, every):
-        if plan._round(r - 1) is None:
-            break
-        last = r
-    return last
+    return every * int(np.count_nonzero(~np.isnan(plan.lasts(bar - 1, every))))
 
 
 def _local_candidates(
