@@ -903,15 +903,19 @@ def test_a_local_sgd_pick_is_weighed_against_faster_decays_on_the_true_objective
     e = dataclasses.replace(_estimates(num_clients=2, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3]))
     m = dataclasses.replace(e.clients, signed_rows=(np.ones((1, 1)), np.ones((1, 1))))
     pick = {"method": "local_sgd", "lr": 0.5, "lr_decay": 1e-3, "k": 65_536.0, "drift": True}
-    # beside it: half, 1.5 and twice its period, and each at half and a quarter of lr / lr_decay
+    # beside it: half, 1.5, twice and four times its period, and each at half and a quarter of lr / lr_decay
     beside = suggest.true_variants(pick)
+    periods = (32_768.0, 65_536.0, 98_304.0, 131_072.0, 262_144.0)
     assert [(c["k"], c["lr_decay"]) for c in beside] == [
-        (32_768.0, 1e-3),
-        (98_304.0, 1e-3),
-        (131_072.0, 1e-3),
-        *((k, decay) for decay in (2e-3, 4e-3) for k in (32_768.0, 65_536.0, 98_304.0, 131_072.0)),
+        *((k, 1e-3) for k in periods if k != 65_536.0),
+        *((k, decay) for decay in (2e-3, 4e-3) for k in periods),
     ]
-    assert [c["k"] for c in suggest.true_variants({**pick, "lr_decay": 0.0})] == [32_768.0, 98_304.0, 131_072.0]
+    assert [c["k"] for c in suggest.true_variants({**pick, "lr_decay": 0.0})] == [
+        32_768.0,
+        98_304.0,
+        131_072.0,
+        262_144.0,
+    ]
     assert max(c["k"] for c in suggest.true_variants({**pick, "k": float(2**20)})) == 2.0**20
 
     def scripted(script: dict[tuple[int, float], list[int | None]]):
@@ -941,6 +945,15 @@ def test_a_local_sgd_pick_is_weighed_against_faster_decays_on_the_true_objective
     budget = partial(suggest.true_choice, e, m, bar=100, batch=1, eval_every=1)
     assert budget((pick, 12), max_iterations=7 * 131_072) == ({**pick, "true_rounds": 1}, 10)
     assert budget((pick, 12), max_iterations=8 * 131_072)[1] == 7
+    # or where the budget holds BUDGET_ROOM times the steps it reaches in: evaluated every 5 rounds, a plan reaching
+    # at round 5 of 131,072 steps (655,360) whose budget ends before round 10 is taken at 819,200 steps and more
+    room = {(65_536, 1e-3): [10] * 5, (131_072, 4e-3): [5] * 5}
+    monkeypatch.setattr(suggest, "drift_rounds", scripted(room))
+    every5 = partial(suggest.true_choice, e, m, bar=100, batch=1, eval_every=5)
+    faster = {**pick, "lr_decay": 4e-3, "k": 131_072.0, "true_rounds": 1}
+    assert every5((pick, 12), max_iterations=819_200) == (faster, 5)
+    assert every5((pick, 12), max_iterations=819_199) == ({**pick, "true_rounds": 1}, 10)
+    monkeypatch.setattr(suggest, "drift_rounds", scripted(script))
     # none reaches in every draw: the pick as it came; so too without the clients' rows, with more of them than
     # TRUE_OBJECTIVE_SIZE, or for Algorithm 2's stages
     monkeypatch.setattr(suggest, "drift_rounds", scripted({}))
