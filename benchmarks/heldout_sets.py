@@ -14,18 +14,18 @@ file, with the set's data and clients and ``algorithm.auto = true``. Beside it O
 
 The features are scikit-learn's, MinMax-scaled (those named _std standardised instead, each feature to mean 0 and
 standard deviation 1; digits: pixels / 16; digits_primes: 2, 3, 5 and 7 against the rest; moons: two features; iris_vv:
-iris's versicolor against virginica, 100 rows; wine_first: wine's first cultivar against the other two; diabetes_median:
-diabetes's disease progression above its median against the rest; friedman_median: make_friedman1's target above its
-median against the rest; regression_median: make_regression's target above its median against the rest;
-multilabel811: the first of make_multilabel_classification's five labels), MNIST's (pixels / 255, read from the data
-directory: $STLSGD_DATA, e.g. ../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1 against 7, 5
-against 6, 6 against 9, 1 against 2 and 0 against 9, the train split's 3 against 8, its first 200 of 4 against 7, its
-first 2,000 of 1 against 7, its first 3,000 of 5 against 8 and its first 4,000 of 2 against 3), CIFAR-10's (the data
-directory's first 200 train images, pixels / 255: cifar_vehicles, vehicles against animals; cifar_catdog, cats and dogs
-against the rest; cifar_first5, classes 0-4 against 5-9; cifar_vehicles_std, vehicles against animals with each pixel
-standardised), or sparse and text-like (sparse17, sparse29, sparse41, sparse53, sparse67 and sparse89: 1,500, 1,200,
-4,000, 3,000, 2,000 and 2,500 features, 2%, 1%, 0.5%, 0.7%, 1% and 0.8% of them non-zero, rows of unit length); labels
-+1 / -1.
+iris's versicolor against virginica, 100 rows; wine_first and wine_third: wine's first and third cultivars against the
+other two; diabetes_median: diabetes's disease progression above its median against the rest; friedman_median:
+make_friedman1's target above its median against the rest; regression_median: make_regression's target above its median
+against the rest; multilabel811: the first of make_multilabel_classification's five labels), MNIST's (pixels / 255, read
+from the data directory: $STLSGD_DATA, e.g. ../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1
+against 7, 5 against 6, 6 against 9, 1 against 2, 0 against 9 and 7 against 9, the train split's 3 against 8, its first
+200 of 4 against 7, its first 2,000 of 1 against 7, its first 3,000 of 5 against 8 and its first 4,000 of 2 against 3),
+CIFAR-10's (the data directory's first 200 train images, pixels / 255: cifar_vehicles, vehicles against animals;
+cifar_catdog, cats and dogs against the rest; cifar_first5, classes 0-4 against 5-9; cifar_vehicles_std, vehicles
+against animals with each pixel standardised), or sparse and text-like (sparse17, sparse29, sparse41, sparse53,
+sparse67, sparse89 and sparse1307: 1,500, 1,200, 4,000, 3,000, 2,000, 2,500 and 1,800 features, 2%, 1%, 0.5%, 0.7%, 1%,
+0.8% and 1% of them non-zero, rows of unit length); labels +1 / -1.
 The registered sets (digits 4/9, mushrooms, w8a, and the test splits of a9a, w8a and MNIST 4/9) need no file:
 their configs name them.
 """
@@ -303,6 +303,14 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "classification1262": (_classification(1262, 8000, 30, 6, 0.02, weights=[0.9, 0.1]), 16),
     "classification1263": (_classification(1263, 9000, 40, 10, 0.03, hypercube=False), 20),
     "mnist23_train4000": (_mnist("train", 2, 3, rows=4000), 16),
+    "classification1301": (_classification(1301, 7000, 45, 12, 0.03), 16),
+    "classification1302": (_classification(1302, 9000, 60, 15, 0.02, n_redundant=5, weights=[0.75, 0.25]), 24),
+    "classification1303_std": (_classification(1303, 6000, 25, 5, 0.04, standardise=True, class_sep=0.7), 16),
+    "digits19": (_digits(lambda t: t == 1, (1, 9)), 8),
+    "wine_third": (_wine(2), 8),
+    "mnist79_test": (_mnist("t10k", 7, 9), 8),
+    "sparse1307": (_sparse(1307, 5000, 1800, 0.01, 0.03), 16),
+    "classification1308": (_classification(1308, 8000, 35, 10, 0.05, hypercube=False, n_clusters_per_class=3), 32),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
