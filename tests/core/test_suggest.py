@@ -953,7 +953,6 @@ def test_a_local_sgd_pick_is_weighed_against_faster_decays_on_the_true_objective
     faster = {**pick, "lr_decay": 4e-3, "k": 131_072.0, "true_rounds": 1}
     assert every5((pick, 12), max_iterations=819_200) == (faster, 5)
     assert every5((pick, 12), max_iterations=819_199) == ({**pick, "true_rounds": 1}, 10)
-    monkeypatch.setattr(suggest, "drift_rounds", scripted(script))
     # none reaches in every draw: the pick as it came; so too without the clients' rows, with more of them than
     # TRUE_OBJECTIVE_SIZE, or for Algorithm 2's stages
     monkeypatch.setattr(suggest, "drift_rounds", scripted({}))

@@ -48,9 +48,9 @@ too conservative to use (k_1 < 1: an average after every step), and the proposal
   the samples' gradients are larger), the same choice made again with it drawn there (:func:`drift_pick`); and
   where the clients' rows are few (TRUE_OBJECTIVE_SIZE), a Local SGD + drift pick once more among it and the same
   plan at half, 1.5, twice and four times its period (TRUE_PERIODS) and half and a quarter of its decay constant,
-  each with its first rounds run
-  on the clients' true logistic objectives without noise until the gap is within NEAR_TARGET times the target, and
-  the rest on the quadratics (:func:`true_choice`): the quadratic at x* is right near x* and too slow far from it;
+  each with its first rounds run on the clients' true logistic objectives without noise until the gap is within
+  NEAR_TARGET times the target, and the rest on the quadratics (:func:`true_choice`): the quadratic at x* is right
+  near x* and too slow far from it;
 - otherwise drift correction on, its control variates from the first FALLBACK_SHARE of each round's steps
   (``drift_share``; option II with a network), and stages that end when the run is stationary
   (``stage_end = "stationary"``, :class:`~stlsgd.algorithms.stl_sgd.STLSGDStationary`: the objective is higher
