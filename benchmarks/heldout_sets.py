@@ -311,6 +311,10 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "mnist79_test": (_mnist("t10k", 7, 9), 8),
     "sparse1307": (_sparse(1307, 5000, 1800, 0.01, 0.03), 16),
     "classification1308": (_classification(1308, 8000, 35, 10, 0.05, hypercube=False, n_clusters_per_class=3), 32),
+    "classification1401": (_classification(1401, 5000, 30, 8, 0.03, hypercube=False, n_clusters_per_class=3), 16),
+    "classification1402": (_classification(1402, 6000, 40, 10, 0.02, weights=[0.7, 0.3]), 32),
+    "digits27": (_digits(lambda t: t == 2, (2, 7)), 8),
+    "digits36_std": (_digits(lambda t: t == 3, (3, 6), standardise=True), 8),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
