@@ -535,26 +535,7 @@ def test_a_pick_that_does_not_reach_with_the_noise_where_the_run_is_is_chosen_ag
         (never, never, None, None, None),
     ):
         script = {"optimum": {0: [5] * 5, 1: [10] * 5}, "iterate": {0: late, 1: second}}
-        rank: dict[tuple[str, int | None], int] = {}
-
-        def run(
-            m,
-            plans,
-            *,
-            every,
-            max_rounds,
-            seeds=0,
-            stop=None,
-            noise_where="optimum",
-            start=None,
-            script=script,
-            rank=rank,
-        ):
-            ranks = [rank.setdefault((repr(p._plan), p.window), len(rank)) for p in plans]
-            got = [script[noise_where].get(j, never)[s] for j, s in zip(ranks, seeds, strict=True)]
-            return [g if g is not None and g <= max_rounds else None for g in got]
-
-        monkeypatch.setattr(suggest, "drift_rounds", run)
+        monkeypatch.setattr(suggest, "drift_rounds", _by_rank(script))
         p = propose(e, eval_every=1, max_iterations=10**9)
         if chosen is None:
             assert p["stage_end"] == "stationary" and p["fallback"].startswith("no Local SGD + drift")
@@ -713,30 +694,26 @@ def test_a_plan_some_draw_of_which_misses_within_the_budget_is_passed_over(monke
     e = dataclasses.replace(_estimates(num_clients=2, L=1.0, zeta2=0.5), clients=_clients(0.5, [0.3, -0.3]))
     for late, chosen, rounds in ((None, 1, 10), (15, 0, 5)):
         script = {0: [5, 5, 5, late, late], 1: [10] * 5}
-        # the first call has every candidate, in their order: a plan's rank is its index
-        rank: dict[tuple[str, int | None], int] = {}
-
-        def run(
-            m,
-            plans,
-            *,
-            every,
-            max_rounds,
-            seeds=0,
-            stop=None,
-            noise_where="optimum",
-            start=None,
-            script=script,
-            rank=rank,
-        ):
-            ranks = [rank.setdefault((repr(p._plan), p.window), len(rank)) for p in plans]
-            got = [script.get(j, [None] * 5)[s] for j, s in zip(ranks, seeds, strict=True)]
-            return [g if g is not None and g <= max_rounds else None for g in got]
-
-        monkeypatch.setattr(suggest, "drift_rounds", run)
+        # the same draws wherever the window's noise is drawn
+        monkeypatch.setattr(suggest, "drift_rounds", _by_rank(dict.fromkeys(("optimum", "iterate"), script)))
         p = propose(e, eval_every=1, max_iterations=10**9)
         candidate = suggest.drift_candidates(e)[chosen]
         assert {k: p[k] for k in candidate} == candidate and p["model_rounds"] == rounds
+
+
+def _by_rank(script: dict[str, dict[int, list[int | None]]]):
+    """A :func:`drift_rounds` stand-in scripted by rank: a plan's rank is the order it is first seen in (the first call
+    has every candidate, in their order, so a candidate's rank is its index), and its draw at seed s, with the window's
+    noise drawn at ``noise_where``, is ``script[noise_where][rank][s]`` (missing or None: never; over ``max_rounds``:
+    never)."""
+    rank: dict[tuple[str, int | None], int] = {}
+
+    def run(m, plans, *, every, max_rounds, seeds=0, stop=None, noise_where="optimum", start=None):
+        ranks = [rank.setdefault((repr(p._plan), p.window), len(rank)) for p in plans]
+        got = [script[noise_where].get(j, [None] * 5)[s] for j, s in zip(ranks, seeds, strict=True)]
+        return [g if g is not None and g <= max_rounds else None for g in got]
+
+    return run
 
 
 def _reaching_local(e: Estimates, reach: dict[tuple[int, float], int]):
