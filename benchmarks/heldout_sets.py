@@ -19,13 +19,14 @@ other two; diabetes_median: diabetes's disease progression above its median agai
 make_friedman1's target above its median against the rest; regression_median: make_regression's target above its median
 against the rest; multilabel811: the first of make_multilabel_classification's five labels), MNIST's (pixels / 255, read
 from the data directory: $STLSGD_DATA, e.g. ../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1
-against 7, 5 against 6, 6 against 9, 1 against 2, 0 against 9 and 7 against 9, the train split's 3 against 8, its first
-200 of 4 against 7, its first 2,000 of 1 against 7, its first 3,000 of 5 against 8 and its first 4,000 of 2 against 3),
+against 7, 5 against 6, 6 against 9, 1 against 2, 0 against 9, 7 against 9 and 4 against 6, the train split's 3
+against 8, its first 200 of 4 against 7, its first 2,000 of 1 against 7, its first 3,000 of 5 against 8 and its first
+4,000 of 2 against 3),
 CIFAR-10's (the data directory's first 200 train images, pixels / 255: cifar_vehicles, vehicles against animals;
 cifar_catdog, cats and dogs against the rest; cifar_first5, classes 0-4 against 5-9; cifar_vehicles_std, vehicles
 against animals with each pixel standardised), or sparse and text-like (sparse17, sparse29, sparse41, sparse53,
-sparse67, sparse89 and sparse1307: 1,500, 1,200, 4,000, 3,000, 2,000, 2,500 and 1,800 features, 2%, 1%, 0.5%, 0.7%, 1%,
-0.8% and 1% of them non-zero, rows of unit length); labels +1 / -1.
+sparse67, sparse89, sparse1307 and sparse1503: 1,500, 1,200, 4,000, 3,000, 2,000, 2,500, 1,800 and 1,600 features,
+2%, 1%, 0.5%, 0.7%, 1%, 0.8%, 1% and 1.2% of them non-zero, rows of unit length); labels +1 / -1.
 The registered sets (digits 4/9, mushrooms, w8a, and the test splits of a9a, w8a and MNIST 4/9) need no file:
 their configs name them.
 """
@@ -315,6 +316,15 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "classification1402": (_classification(1402, 6000, 40, 10, 0.02, weights=[0.7, 0.3]), 32),
     "digits27": (_digits(lambda t: t == 2, (2, 7)), 8),
     "digits36_std": (_digits(lambda t: t == 3, (3, 6), standardise=True), 8),
+    "classification1501": (_classification(1501, 7000, 35, 9, 0.02, class_sep=1.2), 16),
+    "classification1502_std": (
+        _classification(1502, 8000, 50, 12, 0.03, standardise=True, n_clusters_per_class=2, weights=[0.6, 0.4]),
+        24,
+    ),
+    "digits04": (_digits(lambda t: t == 0, (0, 4)), 8),
+    "digits15_std": (_digits(lambda t: t == 1, (1, 5), standardise=True), 8),
+    "mnist46_test": (_mnist("t10k", 4, 6), 8),
+    "sparse1503": (_sparse(1503, 4500, 1600, 0.012, 0.03), 16),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
