@@ -918,11 +918,12 @@ def test_a_local_sgd_pick_is_weighed_against_faster_decays_on_the_true_objective
     assert choose((pick, 12)) == ({**pick, "lr_decay": 2e-3, "true_rounds": 1}, 7)
     # a pick at the first evaluation: the plans beside it are not started (the pick's start, alone, is the one call)
     calls: list[int] = []
-    monkeypatch.setattr(
-        suggest,
-        "true_start",
-        lambda m, plans: calls.append(len(plans)) or [suggest.Start(1, m.x, np.zeros((2, 1)))] * len(plans),
-    )
+
+    def counted(m, plans):
+        calls.append(len(plans))
+        return [suggest.Start(1, m.x, np.zeros((2, 1)))] * len(plans)
+
+    monkeypatch.setattr(suggest, "true_start", counted)
     monkeypatch.setattr(suggest, "drift_rounds", scripted({(65_536, 1e-3): [1] * 5, (32_768, 2e-3): [1] * 5}))
     assert (choose((pick, 12)), calls) == (({**pick, "true_rounds": 1}, 1), [1])
     monkeypatch.setattr(suggest, "true_start", lambda m, plans: [suggest.Start(1, m.x, np.zeros((2, 1)))] * len(plans))

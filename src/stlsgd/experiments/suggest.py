@@ -1346,23 +1346,31 @@ def true_choice(
     candidates = [pick, *true_variants(pick)]
     plans, built = candidate_plans(e, m, candidates, batch, max_iterations)
     chosen, rounds_of_pick = got, got[1]  # the quadratics' rounds, unless every draw of it reaches from its start
-    first = true_start(m, built[:1])[0]
-    drawn = None if first is None else _reaching(m, built[0], bar, eval_every, noise_where, first)
-    if first is not None and drawn is not None:
-        chosen, rounds_of_pick = ({**pick, "true_rounds": first.rounds}, drawn[0]), drawn[0]
+    drawn = _reaching(m, built[0], bar, eval_every, noise_where, true_start(m, built[:1])[0])
+    if drawn is not None:
+        chosen, rounds_of_pick = ({**pick, "true_rounds": drawn.true_rounds}, drawn.median), drawn.median
     if rounds_of_pick <= eval_every:  # at the first evaluation: no plan beside it reaches in fewer
         return chosen
     best: tuple[int, int, int, int] | None = None
     for j, start in enumerate(true_start(m, built[1:]), start=1):
-        drawn = None if start is None else _reaching(m, built[j], bar, eval_every, noise_where, start)
-        if start is None or drawn is None or drawn[0] >= rounds_of_pick:
+        drawn = _reaching(m, built[j], bar, eval_every, noise_where, start)
+        if drawn is None or drawn.median >= rounds_of_pick:
             continue
-        if _with_room(plans[j], built[j], drawn[1], bar, eval_every, max_iterations):
-            key = (drawn[0], _steps_to(plans[j], drawn[0]), j, start.rounds)
+        if _with_room(plans[j], built[j], drawn.most, bar, eval_every, max_iterations):
+            key = (drawn.median, _steps_to(plans[j], drawn.median), j, drawn.true_rounds)
             best = key if best is None or key < best else best
     if best is None:
         return chosen
     return {**candidates[best[2]], "true_rounds": best[3]}, best[0]
+
+
+class Reached(NamedTuple):
+    """A plan's rounds from its start (:func:`_reaching`): the median and the most over the draws, and the rounds it
+    ran on the clients' true objectives first."""
+
+    median: int
+    most: int
+    true_rounds: int
 
 
 def _reaching(
@@ -1371,12 +1379,14 @@ def _reaching(
     bar: int,
     every: int,
     noise_where: Literal["optimum", "iterate"],
-    start: Start,
-) -> tuple[int, int] | None:
-    """The median and the most of ``plan``'s rounds from ``start`` over DRIFT_DRAWS draws of the window's noise
-    (:func:`_every_draw`), where every draw reaches under ``bar``; else None."""
+    start: Start | None,
+) -> Reached | None:
+    """``plan``'s rounds from ``start`` (:func:`true_start`) over DRIFT_DRAWS draws of the window's noise
+    (:func:`_every_draw`), where it has a start and every draw reaches under ``bar``; else None."""
+    if start is None:
+        return None
     reached = sorted(r for r in _every_draw(m, plan, bar, every, noise_where, start) if r is not None)
-    return (reached[DRIFT_DRAWS // 2], reached[-1]) if len(reached) == DRIFT_DRAWS else None
+    return Reached(reached[DRIFT_DRAWS // 2], reached[-1], start.rounds) if len(reached) == DRIFT_DRAWS else None
 
 
 def _with_room(
