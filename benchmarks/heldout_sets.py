@@ -21,12 +21,12 @@ against the rest; multilabel811: the first of make_multilabel_classification's f
 from the data directory: $STLSGD_DATA, e.g. ../shared/data; the test split's 3 against 5, 2 against 7, 0 against 8, 1
 against 7, 5 against 6, 6 against 9, 1 against 2, 0 against 9, 7 against 9 and 4 against 6, the train split's 3
 against 8, its first 200 of 4 against 7, its first 2,000 of 1 against 7, its first 3,000 of 5 against 8 and its first
-4,000 of 2 against 3),
-CIFAR-10's (the data directory's first 200 train images, pixels / 255: cifar_vehicles, vehicles against animals;
-cifar_catdog, cats and dogs against the rest; cifar_first5, classes 0-4 against 5-9; cifar_vehicles_std, vehicles
-against animals with each pixel standardised), or sparse and text-like (sparse17, sparse29, sparse41, sparse53,
-sparse67, sparse89, sparse1307 and sparse1503: 1,500, 1,200, 4,000, 3,000, 2,000, 2,500, 1,800 and 1,600 features,
-2%, 1%, 0.5%, 0.7%, 1%, 0.8%, 1% and 1.2% of them non-zero, rows of unit length); labels +1 / -1.
+4,000 of 2 against 3), CIFAR-10's (the data directory's first 200 train images, pixels / 255: cifar_vehicles, vehicles
+against animals; cifar_catdog, cats and dogs against the rest; cifar_first5, classes 0-4 against 5-9;
+cifar_vehicles_std, vehicles against animals with each pixel standardised), or sparse and text-like (sparse17,
+sparse29, sparse41, sparse53, sparse67, sparse89, sparse1307 and sparse1503: 1,500, 1,200, 4,000, 3,000, 2,000, 2,500,
+1,800 and 1,600 features, 2%, 1%, 0.5%, 0.7%, 1%, 0.8%, 1% and 1.2% of them non-zero, rows of unit length); labels
++1 / -1.
 The registered sets (digits 4/9, mushrooms, w8a, and the test splits of a9a, w8a and MNIST 4/9) need no file:
 their configs name them.
 """
