@@ -894,6 +894,16 @@ def test_a_local_sgd_pick_is_weighed_against_faster_decays_on_the_true_objective
         262_144.0,
     ]
     assert max(c["k"] for c in suggest.true_variants({**pick, "k": float(2**20)})) == 2.0**20
+    # wider, with a window W: also each period over 4 W at its decay with the window four times as long (at most the
+    # longest of DRIFT_WINDOWS), less of the window's noise in the control variates
+    windowed = {**pick, "k": 4096.0, "drift_window": 1024}
+    assert [(c["k"], c["drift_window"]) for c in suggest.true_variants(windowed, wider=True)][-3:] == [
+        (6144.0, 4096),
+        (8192.0, 4096),
+        (16384.0, 4096),
+    ]
+    assert len(suggest.true_variants(windowed, wider=True)) == len(suggest.true_variants(windowed)) + 3 == 17
+    assert all(c["drift_window"] == 16384 for c in suggest.true_variants({**windowed, "drift_window": 16384}, True))
 
     def scripted(script: dict[tuple[int, float], list[int | None]]):
         # each plan's five draws by (period, lr_decay); every plan goes on from round 1, whatever its start
@@ -926,6 +936,21 @@ def test_a_local_sgd_pick_is_weighed_against_faster_decays_on_the_true_objective
     monkeypatch.setattr(suggest, "true_start", counted)
     monkeypatch.setattr(suggest, "drift_rounds", scripted({(65_536, 1e-3): [1] * 5, (32_768, 2e-3): [1] * 5}))
     assert (choose((pick, 12)), calls) == (({**pick, "true_rounds": 1}, 1), [1])
+    # a pick whose median is the first evaluation but not every draw's: the plans beside it run, and one with more
+    # draws in there replaces it (a run's better chance to be in by then), the most draws, then the fewest steps
+    calls.clear()
+    split = {(65_536, 1e-3): [1, 1, 2, 2, 1], (32_768, 2e-3): [1, 1, 1, 1, 2], (262_144, 1e-3): [1] * 5}
+    monkeypatch.setattr(suggest, "drift_rounds", scripted(split))
+    assert (choose((pick, 12)), calls) == (({**pick, "k": 262_144.0, "true_rounds": 1}, 1), [1, 14])
+    split[(131_072, 4e-3)] = [1] * 5
+    assert choose((pick, 12)) == ({**pick, "lr_decay": 4e-3, "k": 131_072.0, "true_rounds": 1}, 1)
+    # later, the draws in by then do not rank: of plans beside it under its median, the fewest steps
+    later = {(65_536, 1e-3): [10] * 5, (131_072, 4e-3): [7] * 5, (65_536, 2e-3): [7, 7, 7, 9, 9]}
+    monkeypatch.setattr(suggest, "drift_rounds", scripted(later))
+    assert choose((pick, 12)) == ({**pick, "lr_decay": 2e-3, "true_rounds": 1}, 7)
+    # nor against the pick: at its median with every draw in, a plan beside it does not replace it
+    monkeypatch.setattr(suggest, "drift_rounds", scripted({(65_536, 1e-3): [7, 7, 7, 9, 9], (32_768, 1e-3): [7] * 5}))
+    assert choose((pick, 12)) == ({**pick, "true_rounds": 1}, 7)
     monkeypatch.setattr(suggest, "true_start", lambda m, plans: [suggest.Start(1, m.x, np.zeros((2, 1)))] * len(plans))
     # a plan beside the pick that reaches only at the last evaluation its budget holds is passed over (the runs are
     # noisier than the true objectives' rounds): at a budget of 7 rounds of 131,072 steps, 7 is that evaluation
