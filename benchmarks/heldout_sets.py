@@ -24,9 +24,9 @@ against 8, its first 200 of 4 against 7, its first 2,000 of 1 against 7, its fir
 4,000 of 2 against 3), CIFAR-10's (the data directory's first 200 train images, pixels / 255: cifar_vehicles, vehicles
 against animals; cifar_catdog, cats and dogs against the rest; cifar_first5, classes 0-4 against 5-9;
 cifar_vehicles_std, vehicles against animals with each pixel standardised), or sparse and text-like (sparse17,
-sparse29, sparse41, sparse53, sparse67, sparse89, sparse1307 and sparse1503: 1,500, 1,200, 4,000, 3,000, 2,000, 2,500,
-1,800 and 1,600 features, 2%, 1%, 0.5%, 0.7%, 1%, 0.8%, 1% and 1.2% of them non-zero, rows of unit length); labels
-+1 / -1.
+sparse29, sparse41, sparse53, sparse67, sparse89, sparse1307, sparse1503 and sparse1603: 1,500, 1,200, 4,000, 3,000,
+2,000, 2,500, 1,800, 1,600 and 1,200 features, 2%, 1%, 0.5%, 0.7%, 1%, 0.8%, 1%, 1.2% and 1.5% of them non-zero, rows
+of unit length); labels +1 / -1.
 The registered sets (digits 4/9, mushrooms, w8a, and the test splits of a9a, w8a and MNIST 4/9) need no file:
 their configs name them.
 """
@@ -325,6 +325,14 @@ SETS: dict[str, tuple[Callable[[], Data], int]] = {
     "digits15_std": (_digits(lambda t: t == 1, (1, 5), standardise=True), 8),
     "mnist46_test": (_mnist("t10k", 4, 6), 8),
     "sparse1503": (_sparse(1503, 4500, 1600, 0.012, 0.03), 16),
+    "classification1601": (_classification(1601, 6000, 30, 7, 0.03, class_sep=0.9), 16),
+    "classification1602_std": (
+        _classification(1602, 9000, 45, 11, 0.02, standardise=True, weights=[0.55, 0.45]),
+        24,
+    ),
+    "digits13": (_digits(lambda t: t == 1, (1, 3)), 8),
+    "digits68_std": (_digits(lambda t: t == 6, (6, 8), standardise=True), 8),
+    "sparse1603": (_sparse(1603, 3500, 1200, 0.015, 0.02), 16),
 }
 #: registered sets: name -> clients
 REGISTERED = {"digits49": 8, "mushrooms": 16, "w8a": 16, "a9a-test": 32, "w8a-test": 16, "mnist49-test": 8}
