@@ -948,7 +948,7 @@ def test_a_local_sgd_pick_is_weighed_against_faster_decays_on_the_true_objective
     later = {(65_536, 1e-3): [10] * 5, (131_072, 4e-3): [7] * 5, (65_536, 2e-3): [7, 7, 7, 9, 9]}
     monkeypatch.setattr(suggest, "drift_rounds", scripted(later))
     assert choose((pick, 12)) == ({**pick, "lr_decay": 2e-3, "true_rounds": 1}, 7)
-    # nor against the pick: at its median with every draw in, a plan beside it does not replace it
+    # nor against the pick: later, a plan beside it at the pick's median with more draws in does not replace it
     monkeypatch.setattr(suggest, "drift_rounds", scripted({(65_536, 1e-3): [7, 7, 7, 9, 9], (32_768, 1e-3): [7] * 5}))
     assert choose((pick, 12)) == ({**pick, "true_rounds": 1}, 7)
     monkeypatch.setattr(suggest, "true_start", lambda m, plans: [suggest.Start(1, m.x, np.zeros((2, 1)))] * len(plans))
