@@ -1356,24 +1356,29 @@ def true_choice(
     pick = got[0]
     if pick["method"] != "local_sgd" or not true_fits(m):
         return got
-    rounds_of_pick = candidate_plans(e, m, [pick], batch, max_iterations)[1]
-    chosen, to_beat, first = got, (got[1], -DRIFT_DRAWS), False  # the quadratics' rounds, unless every draw reaches
-    drawn = _reaching(m, rounds_of_pick[0], bar, eval_every, noise_where, true_start(m, rounds_of_pick)[0])
+    own = candidate_plans(e, m, [pick], batch, max_iterations)[1]
+    chosen, to_beat = got, (got[1], 0)  # the quadratics' rounds, unless every draw reaches
+    drawn = _reaching(m, own[0], bar, eval_every, noise_where, true_start(m, own)[0])
+    first = drawn is not None and drawn.median <= eval_every
+
+    def rank(d: Reached) -> tuple[int, int]:
+        # fewer median rounds; at the first evaluation, more draws in there
+        return d.median, -d.within if first else 0
+
     if drawn is not None:
-        chosen, first = ({**pick, "true_rounds": drawn.true_rounds}, drawn.median), drawn.median <= eval_every
+        chosen = {**pick, "true_rounds": drawn.true_rounds}, drawn.median
         if drawn.most <= eval_every:  # every draw at the first evaluation: no plan beside it does better
             return chosen
-        # at the first evaluation, more draws in there; later, fewer median rounds
-        to_beat = (drawn.median, -drawn.within if first else -DRIFT_DRAWS)
+        to_beat = rank(drawn)
     candidates = true_variants(pick, wider=first)
     plans, built = candidate_plans(e, m, candidates, batch, max_iterations)
     best: tuple[int, int, int, int, int] | None = None
     for j, start in enumerate(true_start(m, built)):
         drawn = _reaching(m, built[j], bar, eval_every, noise_where, start)
-        if drawn is None or (drawn.median, -drawn.within) >= to_beat:
+        if drawn is None or rank(drawn) >= to_beat:
             continue
         if _with_room(plans[j], built[j], drawn.most, bar, eval_every, max_iterations):
-            key = (drawn.median, -drawn.within if first else 0, _steps_to(plans[j], drawn.median), j, drawn.true_rounds)
+            key = (*rank(drawn), _steps_to(plans[j], drawn.median), j, drawn.true_rounds)
             best = key if best is None or key < best else best
     if best is None:
         return chosen
